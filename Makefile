@@ -1,0 +1,60 @@
+# DDP from Scratch — `make help` lists the targets.
+# Every target that runs Python first creates .venv and installs requirements.txt into it.
+
+PYTHON      ?= python3
+VENV        ?= .venv
+# A pip constraints file, e.g. constraints/cpu.txt to pin the CPU build of torch (CI does).
+CONSTRAINTS ?=
+# Extra flags for a chapter script, e.g.  make run-chapter05 ARGS="--world-size 4 --quick"
+ARGS        ?=
+
+PY       := $(VENV)/bin/python
+STAMP    := $(VENV)/.installed
+CHAPTERS := $(sort $(patsubst scripts/chapter%.py,%,$(wildcard scripts/chapter[0-9][0-9]_*.py)))
+
+.DEFAULT_GOAL := help
+.PHONY: help setup test lint figures docs serve clean distclean
+
+help: ## list the targets
+	@echo "DDP from Scratch — targets (each one sets up .venv first if needed):"
+	@grep -hE '^[a-zA-Z0-9_%-]+:.*## ' $(MAKEFILE_LIST) | \
+	  awk 'BEGIN {FS = ":.*## "}; {sub("%", "NN", $$1); printf "  make %-16s %s\n", $$1, $$2}'
+	@echo "  chapters: $(foreach c,$(CHAPTERS),run-chapter$(firstword $(subst _, ,$(c))))"
+	@echo "  variables: ARGS=\"--quick --world-size 4\"  CONSTRAINTS=constraints/cpu.txt"
+
+setup: $(STAMP) ## create .venv and install requirements.txt
+
+$(STAMP): requirements.txt $(CONSTRAINTS)
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "error: Python 3.10+ is needed, found " + sys.version.split()[0])'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -r requirements.txt $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+	@$(PY) -c 'import torch; print("torch", torch.__version__, "| CUDA GPUs:", torch.cuda.device_count())'
+	@touch $@
+
+run-chapter%: $(STAMP) ## run chapter NN (e.g. make run-chapter05); figures go to figures/chapterNN/
+	@script="$(wildcard scripts/chapter$*_*.py)"; \
+	if [ -z "$$script" ]; then echo "error: there is no chapter $* (chapters: $(CHAPTERS))" >&2; exit 2; fi; \
+	echo "$(PY) $$script $(ARGS)"; $(PY) $$script $(ARGS)
+
+figures: $(STAMP) ## run every chapter in full and refresh figures/ (one at a time: timings stay fair)
+	@set -e; for c in $(CHAPTERS); do \
+	  echo "== chapter $$c"; $(PY) scripts/chapter$$c.py $(ARGS); done
+
+test: $(STAMP) lint ## lint, then the whole test suite (quick runs of every chapter, site build)
+	$(PY) -m pytest
+
+lint: $(STAMP) ## ruff
+	$(PY) -m ruff check scripts tests tools
+
+docs: $(STAMP) ## build the site into site/ (offline, --strict)
+	$(VENV)/bin/mkdocs build --strict
+
+serve: $(STAMP) ## serve the site at http://127.0.0.1:8000 with live reload
+	$(VENV)/bin/mkdocs serve
+
+clean: ## remove build output and caches (keeps .venv and figures/)
+	rm -rf site .cache .pytest_cache .ruff_cache
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean ## clean, and remove .venv too
+	rm -rf $(VENV)

@@ -1,0 +1,243 @@
+"""Chapter 01 — processes, ranks, process groups, and identical replicas.
+
+Every rank says who it is; the ranks split into two process groups and sum within each; then
+each rank builds the same small model from a seed, and the script checks with collectives
+that the replicas match when the seed is shared, differ when it is not, and match again after
+rank 0's parameters are broadcast (what DistributedDataParallel does when it wraps a model).
+
+Run it:
+    python scripts/chapter01_processes.py                       # 2 CPU ranks, started by mp.spawn
+    python scripts/chapter01_processes.py --world-size 4
+    torchrun --standalone --nproc-per-node 2 scripts/chapter01_processes.py  # the same code, started by torchrun
+    python scripts/chapter01_processes.py --crash-rank 1        # see how a failing rank is reported
+
+Writes figures/chapter01/{ranks.png, replicas.png, results.json} (or under --out DIR).
+Chapter 01 is small enough that --quick changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import ddplab
+
+CHAPTER = 1
+
+
+# --8<-- [start:whoami]
+def whoami(ctx: ddplab.RankContext) -> dict:
+    """What this process knows about itself once it has joined the process group."""
+    return {
+        "rank": ddplab.get("rank"),          # 0 … world_size-1, unique in the job
+        "local_rank": ddplab.get("lrank"),   # index on this machine: the GPU it would drive
+        "world_size": ddplab.get("ws"),      # number of ranks in the job
+        "backend": dist.get_backend(),       # gloo (CPU) or nccl (GPU)
+        "device": str(ctx.device),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),                  # every rank is its own OS process
+        "threads": torch.get_num_threads(),  # CPU threads this rank may use
+    }
+# --8<-- [end:whoami]
+
+
+# --8<-- [start:groups]
+def sum_within_halves(ctx: ddplab.RankContext) -> dict:
+    """Split the world into two process groups and all-reduce inside each one.
+
+    ``dist.new_group`` is itself collective: every rank must create every group, in the same
+    order, even the groups it is not a member of.
+    """
+    half = (ctx.world_size + 1) // 2
+    lower = dist.new_group(ranks=list(range(half)))
+    upper = dist.new_group(ranks=list(range(half, ctx.world_size))) if ctx.world_size > 1 else None
+    mine, name = (lower, "lower half") if ctx.rank < half else (upper, "upper half")
+
+    value = torch.tensor([float(ctx.rank)], device=ctx.device)
+    dist.all_reduce(value, group=mine)  # sums over the members of `mine` only
+    return {"group": name, "group_rank": ddplab.get("rank", mine),
+            "group_size": ddplab.get("ws", mine), "group_sum_of_ranks": value.item()}
+# --8<-- [end:groups]
+
+
+def build_model() -> nn.Module:
+    """A small MLP: big enough to have several tensors, small enough to draw."""
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+# --8<-- [start:compare]
+def max_abs_diff_to_rank0(model: nn.Module, device: torch.device) -> float:
+    """Largest |parameter − rank 0's parameter| over all ranks and parameters.
+
+    Rank 0 broadcasts a flat copy of its parameters; every rank compares, and a MAX all-reduce
+    gives every rank the same verdict.  0.0 means bit-for-bit identical replicas.
+    """
+    mine = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to(device)
+    rank0 = mine.clone()
+    dist.broadcast(rank0, src=0)
+    diff = (mine - rank0).abs().max().reshape(1)
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+    return diff.item()
+# --8<-- [end:compare]
+
+
+# --8<-- [start:broadcast]
+@torch.no_grad()
+def copy_rank0_parameters(model: nn.Module) -> None:
+    """Make every replica equal to rank 0's, whatever seeds built them (what DDP does at wrap)."""
+    for tensor in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(tensor, src=0)
+# --8<-- [end:broadcast]
+
+
+def first_weights(model: nn.Module, device: torch.device) -> list[list[list[float]]]:
+    """The top-left 8x8 block of the first layer's weight on every rank, for the figure."""
+    block = model[0].weight.detach()[:8, :8].contiguous().to(device)
+    blocks = [torch.empty_like(block) for _ in range(dist.get_world_size())]
+    dist.all_gather(blocks, block)
+    return [b.cpu().tolist() for b in blocks]
+
+
+# --8<-- [start:replicas]
+def replicas(ctx: ddplab.RankContext) -> dict:
+    """Same seed on every rank: identical models.  A seed per rank: different models."""
+    torch.manual_seed(ctx.seed)  # the same seed everywhere
+    same_seed = build_model().to(ctx.device)
+
+    torch.manual_seed(ctx.seed + ctx.rank)  # a different seed on every rank: a classic bug
+    seed_plus_rank = build_model().to(ctx.device)
+
+    repaired = build_model().to(ctx.device)
+    repaired.load_state_dict(seed_plus_rank.state_dict())
+    copy_rank0_parameters(repaired)  # the fix: copy rank 0's parameters to everyone
+
+    models = {"same_seed": same_seed, "seed_plus_rank": seed_plus_rank,
+              "seed_plus_rank_then_broadcast": repaired}
+    return {key: {"max_abs_diff": max_abs_diff_to_rank0(m, ctx.device),
+                  "weights": first_weights(m, ctx.device)} for key, m in models.items()}
+# --8<-- [end:replicas]
+
+
+def worker(ctx: ddplab.RankContext, args) -> dict | None:
+    """Runs on every rank."""
+    if args.crash_rank == ctx.rank:
+        raise RuntimeError(f"rank {ctx.rank} crashed on purpose (--crash-rank {args.crash_rank})")
+    me = {**whoami(ctx), **sum_within_halves(ctx)}
+    everyone = [None] * ctx.world_size
+    dist.all_gather_object(everyone, me)  # any picklable object, not only tensors
+
+    ranks = torch.tensor([float(ctx.rank)], device=ctx.device)
+    dist.all_reduce(ranks)  # 0 + 1 + … + (N-1), the smallest check that everyone is there
+    result = {"ranks": everyone, "all_reduce_sum_of_ranks": ranks.item(),
+              "expected_sum_of_ranks": ctx.world_size * (ctx.world_size - 1) / 2,
+              "replicas": replicas(ctx)}
+    return result if ctx.is_main else None
+
+
+# --- drawing and reporting (rank 0 / the launching process) -----------------------------------
+
+def draw_ranks(ranks: list[dict], path) -> None:
+    """One box per process, grouped by machine: what each rank knows about itself."""
+    from matplotlib.patches import FancyBboxPatch
+
+    from ddplab import plotting
+
+    n = len(ranks)
+    cols = min(n, 4)
+    rows = (n + cols - 1) // cols
+    fig, ax = plotting.figure(height=0.4 + 1.6 * rows)
+    ax.set_xlim(0, cols)
+    ax.set_ylim(0, rows + 0.35)
+    ax.axis("off")
+    ax.add_patch(FancyBboxPatch((0.02, 0.05), cols - 0.04, rows + 0.2,
+                                boxstyle="round,pad=0.02", fill=False, linestyle="--",
+                                edgecolor=plotting.OKABE_ITO["grey"]))
+    ax.text(0.06, rows + 0.17, f"machine {ranks[0]['host']}  —  world size {n}, "
+            f"backend {ranks[0]['backend']}", fontsize=9, va="center",
+            color=plotting.OKABE_ITO["grey"])
+    for r in ranks:
+        x, y = r["rank"] % cols, rows - 1 - r["rank"] // cols
+        color = plotting.rank_color(r["rank"])
+        ax.add_patch(FancyBboxPatch((x + 0.08, y + 0.12), 0.84, 0.86, boxstyle="round,pad=0.02",
+                                    facecolor=color, alpha=0.15, edgecolor=color))
+        lines = [f"rank {r['rank']}", f"local rank {r['local_rank']}",
+                 f"pid {r['pid']}", f"{r['device']}, {r['threads']} thread(s)",
+                 f"{r['group']}:", f"rank {r['group_rank']} of {r['group_size']}"]
+        ax.text(x + 0.5, y + 0.55, "\n".join(lines), ha="center", va="center", fontsize=8)
+    plotting.save(fig, path)
+
+
+REPLICA_LABELS = {"same_seed": "same seed", "seed_plus_rank": "seed + rank",
+                  "seed_plus_rank_then_broadcast": "seed + rank, then broadcast"}
+
+
+def draw_replicas(replica_runs: dict, path, max_ranks: int = 4) -> None:
+    """Rows: how the replicas were built.  Columns: ranks.  Cells: first-layer weights."""
+    from ddplab import plotting
+
+    names = list(replica_runs)
+    world = min(len(replica_runs[names[0]]["weights"]), max_ranks)
+    fig, axes = plotting.figure(len(names), world, height=1.6 * len(names) + 0.4, squeeze=False)
+    for row, name in enumerate(names):
+        run = replica_runs[name]
+        for rank, block in enumerate(run["weights"][:world]):
+            ax = axes[row][rank]
+            ax.imshow(block, cmap="cividis", vmin=-0.25, vmax=0.25)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.grid(False)
+            ax.spines[:].set_visible(False)
+            if row == 0:
+                ax.set_title(f"rank {rank}")
+            if rank == 0:
+                ax.set_ylabel(f"{REPLICA_LABELS[name]}\nmax |Δ| = {run['max_abs_diff']:.3g}",
+                              rotation=0, ha="right", va="center", fontsize=9)
+    fig.suptitle("First layer's weights (top-left 8×8 block) on each rank")
+    plotting.save(fig, path)
+
+
+def summarize(result: dict) -> str:
+    lines = ["rank  local  pid      device  group         group rank"]
+    for r in result["ranks"]:
+        lines.append(f"{r['rank']:>4}  {r['local_rank']:>5}  {r['pid']:<7}  {r['device']:<6}  "
+                     f"{r['group']:<12}  {r['group_rank']} of {r['group_size']}")
+    lines.append(f"all_reduce(rank) = {result['all_reduce_sum_of_ranks']:g} "
+                 f"(expected {result['expected_sum_of_ranks']:g})")
+    for name, run in result["replicas"].items():
+        verdict = "identical" if run["max_abs_diff"] == 0 else "DIFFERENT"
+        lines.append(f"replicas, {REPLICA_LABELS[name]:<28} max |Δ| = {run['max_abs_diff']:.3g}"
+                     f"  ({verdict})")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None):
+    parser = ddplab.chapter_parser(__doc__, prog="chapter01_processes.py")
+    parser.add_argument("--crash-rank", type=int, default=None, metavar="R",
+                        help="make rank R raise, to see how the launcher reports a failure")
+    return ddplab.parse_chapter_args(parser, argv)
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    args = parse_args(argv)
+    run = ddplab.launch(worker, args)
+    if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
+        return None
+    result = run.result
+    with ddplab.chapter_output(args.out, CHAPTER) as out:
+        draw_ranks(result["ranks"], out / "ranks.png")
+        draw_replicas(result["replicas"], out / "replicas.png")
+        metrics = {**result, "replicas": {name: {"max_abs_diff": r["max_abs_diff"]}
+                                          for name, r in result["replicas"].items()}}
+        ddplab.write_results(out, CHAPTER, metrics, run.provenance)
+    print(summarize(result))
+    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{ranks.png, replicas.png, results.json}}")
+    return metrics
+
+
+if __name__ == "__main__":
+    sys.exit(ddplab.run_main(main))

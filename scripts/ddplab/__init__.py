@@ -1,0 +1,21 @@
+"""ddplab: the small library the chapters of *DDP from Scratch* build, one concept per module.
+
+    launch.py    run a function on N ranks (mp.spawn or torchrun), clean failures
+    ranks.py     who am I: RankContext, get("rank"), seeding, progress bars
+    cli.py       the flags every chapter shares, bad input as one clear line
+    results.py   results.json with provenance, staged chapter output
+    timing.py    fair step timing (warm-up, barriers, medians, A B A B)
+    timeline.py  per-rank event timelines, Gantt charts, Chrome traces
+    plotting.py  the book's figure style (imports matplotlib: import it where you draw)
+"""
+
+from .cli import UsageError, chapter_parser, parse_chapter_args
+from .launch import RankFailed, Run, choose_backend, launch, run_main
+from .ranks import RankContext, get, progress, seed_everything
+from .results import chapter_output, read_results, write_results
+
+__all__ = [
+    "RankContext", "RankFailed", "Run", "UsageError", "chapter_output", "chapter_parser",
+    "choose_backend", "get", "launch", "parse_chapter_args", "progress", "read_results",
+    "run_main", "seed_everything", "write_results",
+]

@@ -1,0 +1,106 @@
+"""The flags every chapter script shares, and bad input turned into one clear line.
+
+Every chapter takes the same five flags (``--world-size``, ``--backend``, ``--quick``, ``--out``,
+``--seed``) plus ``--timeout``.  A mistake on the command line ends the run before any process is
+started: one line on stderr that says what is wrong and what to do, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+BACKENDS = ("auto", "gloo", "nccl")
+DEFAULT_TIMEOUT_S = 120.0
+
+
+class UsageError(Exception):
+    """A problem with what the reader asked for; the message is the one line they will see."""
+
+
+class ChapterArgumentParser(argparse.ArgumentParser):
+    """argparse, but an error is a single line instead of a usage dump."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def chapter_parser(doc: str | None, prog: str | None = None) -> ChapterArgumentParser:
+    """A parser with the shared flags; a chapter adds its own flags to it."""
+    description, _, epilog = (doc or "").strip().partition("\n")
+    parser = ChapterArgumentParser(
+        prog=prog,
+        description=description,
+        epilog=epilog.strip() or None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--world-size", type=int, default=None, metavar="N",
+        help="number of ranks (default: the number of GPUs if there are at least 2, else 2 CPU "
+             "processes; under torchrun, torchrun's world size)",
+    )
+    parser.add_argument(
+        "--backend", choices=BACKENDS, default="auto",
+        help="auto: nccl with one GPU per rank when there are enough GPUs, else gloo on CPU",
+    )
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, under a minute on a 2-core laptop (what the tests run)")
+    parser.add_argument("--out", type=Path, default=Path("figures"), metavar="DIR",
+                        help="where figures and results.json go (default: figures)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    parser.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+        help="how long a rank waits in a collective before the run is declared hung "
+             f"(default: {DEFAULT_TIMEOUT_S:g})",
+    )
+    return parser
+
+
+def parse_chapter_args(parser: argparse.ArgumentParser, argv: list[str] | None = None):
+    """Parse and check the shared flags; exits with one line on bad input."""
+    args = parser.parse_args(argv)
+    try:
+        check_args(args)
+    except UsageError as err:
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
+    return args
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Reject what cannot work before any process is started."""
+    if args.world_size is not None and args.world_size < 1:
+        raise UsageError(f"--world-size must be at least 1, got {args.world_size}")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    cores = os.cpu_count() or 1
+    if args.world_size is not None and args.world_size > cores and args.backend != "nccl":
+        warnings.warn(
+            f"{args.world_size} ranks on {cores} CPU cores: ranks will take turns on the cores, "
+            "so timings will be slower and noisier than on real hardware",
+            stacklevel=2,
+        )
+    check_writable(args.out)
+
+
+def check_writable(out: Path) -> None:
+    """Fail now, not after a long run, if the output directory cannot be written."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-check-"):
+            pass
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise UsageError(
+            f"cannot write to --out {str(out)!r} ({reason}); choose a directory you can write to"
+        ) from None
+
+
+def show_warnings_as_one_line() -> None:
+    """Print a warning as 'warning: ...' instead of Python's file:line format."""
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        print(f"warning: {message}", file=file or sys.stderr)
+    warnings.showwarning = one_line

@@ -1,0 +1,119 @@
+"""results.json and the figures beside it: every number the book prints, with where it came from.
+
+A chapter computes first and writes last.  ``chapter_output`` hands out a staging directory; only
+when everything in it was written does it move the files into ``DIR/chapterNN/``.  A run that
+fails half-way leaves the previous results untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .ranks import RankContext
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def provenance(ctx: RankContext) -> dict:
+    """Where a number was measured: enough to tell a laptop run from an 8-GPU run."""
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "backend": ctx.backend,
+        "device": device_name(ctx.device),
+        "world_size": ctx.world_size,
+        "launcher": ctx.launcher,
+        "quick": ctx.quick,
+        "seed": ctx.seed,
+        "cpu_count": os.cpu_count(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+    }
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_model()
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def git_commit() -> str:
+    """The commit the code ran at, with '+dirty' when the working tree had changes."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+    try:
+        commit = git("rev-parse", "--short=12", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
+def write_results(directory: Path, chapter: int, metrics: dict, provenance: dict) -> Path:
+    """Write ``results.json``: ``{"chapter": NN, "provenance": {...}, **metrics}``."""
+    payload = {"chapter": chapter, "provenance": provenance, **metrics}
+    path = directory / "results.json"
+    text = json.dumps(_finite(payload), indent=2, sort_keys=False) + "\n"
+    _atomic_write_text(path, text)
+    return path
+
+
+def read_results(out: Path, chapter: int) -> dict:
+    return json.loads((Path(out) / f"chapter{chapter:02d}" / "results.json").read_text())
+
+
+@contextmanager
+def chapter_output(out: Path, chapter: int) -> Iterator[Path]:
+    """Stage a chapter's files, then move them into ``out/chapterNN`` all at once on success."""
+    final = Path(out) / f"chapter{chapter:02d}"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".chapter{chapter:02d}-", dir=final.parent))
+    try:
+        yield staging
+        final.mkdir(exist_ok=True)
+        for item in sorted(staging.iterdir()):
+            os.replace(item, final / item.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _finite(value):
+    """JSON has no NaN or Infinity: write them as null, so every reader can parse the file."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

@@ -1,0 +1,128 @@
+"""Timelines: what each rank was doing, when — recorded, drawn, and exported for Perfetto.
+
+Each rank records spans (forward, backward, one bucket's all-reduce, a wait…) against its own
+clock, started right after a barrier so that all ranks share a time origin to within the
+barrier's skew (microseconds on one machine).  Rank 0 gathers them, draws a Gantt chart, and
+writes a Chrome trace (``chrome://tracing`` / https://ui.perfetto.dev open it).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch.distributed as dist
+
+
+@dataclass
+class Event:
+    name: str
+    cat: str  # forward, backward, comm, optimizer, wait, …: also picks the colour
+    start_ms: float
+    end_ms: float
+    rank: int
+    args: dict = field(default_factory=dict)
+
+    @property
+    def duration_ms(self) -> float:
+        return self.end_ms - self.start_ms
+
+
+class Timeline:
+    """Spans recorded on one rank, in milliseconds since ``start_clock``."""
+
+    def __init__(self, rank: int, enabled: bool = True):
+        self.rank = rank
+        self.enabled = enabled
+        self.events: list[Event] = []
+        self._origin = time.perf_counter()
+
+    def start_clock(self) -> None:
+        """Make *now* time zero; call it right after a barrier, on every rank."""
+        self._origin = time.perf_counter()
+        self.events.clear()
+
+    def now(self) -> float:
+        return (time.perf_counter() - self._origin) * 1e3
+
+    def add(self, name: str, cat: str, start_ms: float, end_ms: float, **args) -> None:
+        """Record a span whose ends were measured elsewhere (e.g. an async op's completion)."""
+        if self.enabled:
+            self.events.append(Event(name, cat, start_ms, end_ms, self.rank, args))
+
+    @contextmanager
+    def span(self, name: str, cat: str, **args) -> Iterator[None]:
+        start = self.now()
+        try:
+            yield
+        finally:
+            self.add(name, cat, start, self.now(), **args)
+
+
+def gather_events(timeline: Timeline) -> list[Event] | None:
+    """All ranks' events on rank 0 (None elsewhere).  A collective: every rank must call it."""
+    everything = [None] * dist.get_world_size()
+    dist.all_gather_object(everything, [asdict(e) for e in timeline.events])
+    if dist.get_rank() != 0:
+        return None
+    return [Event(**e) for events in everything for e in events]
+
+
+def chrome_trace(events: list[Event]) -> dict:
+    """Chrome trace JSON: one process row per rank, one thread row per category."""
+    cats = sorted({e.cat for e in events})
+    trace = []
+    for rank in sorted({e.rank for e in events}):
+        trace.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
+                      "args": {"name": f"rank {rank}"}})
+        for tid, cat in enumerate(cats):
+            trace.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid,
+                          "args": {"name": cat}})
+    for e in events:
+        trace.append({"name": e.name, "cat": e.cat, "ph": "X", "pid": e.rank,
+                      "tid": cats.index(e.cat), "ts": e.start_ms * 1e3,
+                      "dur": max(e.duration_ms, 0.0) * 1e3, "args": e.args})
+    return {"traceEvents": trace, "displayTimeUnit": "ms"}
+
+
+def write_chrome_trace(path: Path, events: list[Event]) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(chrome_trace(events)))
+    return path
+
+
+def draw_gantt(ax, events: list[Event], *, lanes: list[str] | None = None,
+               title: str | None = None) -> None:
+    """One row per (rank, lane); ``lanes`` are categories drawn on separate rows (the rest
+    share the rank's main row).  Colours come from ``ddplab.plotting.COLORS``."""
+    from .plotting import COLORS, OKABE_ITO
+
+    lanes = lanes or []
+    rows: list[tuple[int, str | None]] = []
+    for rank in sorted({e.rank for e in events}):
+        rows += [(rank, None)] + [(rank, lane) for lane in lanes]
+    height = 0.8
+    for e in events:
+        lane = e.cat if e.cat in lanes else None
+        y = len(rows) - 1 - rows.index((e.rank, lane))
+        ax.broken_barh([(e.start_ms, max(e.duration_ms, 1e-3))], (y - height / 2, height),
+                       color=COLORS.get(e.cat, OKABE_ITO["grey"]), linewidth=0)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"rank {r}" + (f" {lane}" if lane else "") for r, lane in reversed(rows)])
+    ax.set_xlabel("time since step start (ms)")
+    ax.grid(axis="y", visible=False)
+    handles = [_patch(COLORS.get(c, OKABE_ITO["grey"]), c) for c in sorted({e.cat for e in events})]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25),
+              ncol=min(len(handles), 6))
+    if title:
+        ax.set_title(title)
+
+
+def _patch(color: str, label: str):
+    from matplotlib.patches import Patch
+
+    return Patch(color=color, label=label)

@@ -1,0 +1,80 @@
+"""Timing that can be trusted on a noisy machine.
+
+Rules the chapters follow, and this module enforces:
+
+* warm-up steps are run and thrown away (first calls allocate, fill caches, build NCCL rings);
+* every timed step starts together on all ranks: a barrier *outside* the timed region;
+* GPU work is waited for (``torch.cuda.synchronize``) before the clock is read;
+* variants are compared in one run, interleaved A B A B…, so a slow minute hurts all of them;
+* medians, not means: one preempted step does not move a median.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+
+def synchronize(device: torch.device | None) -> None:
+    """Wait for queued GPU work; a no-op on CPU, where every op has finished when it returns."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_steps(step: Callable[[], object], *, steps: int, warmup: int = 2,
+               device: torch.device | None = None, barrier: bool = True) -> list[float]:
+    """Run ``step`` warmup+steps times; return the last ``steps`` durations in milliseconds."""
+    samples = []
+    for i in range(warmup + steps):
+        _line_up(device, barrier)
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        if i >= warmup:
+            samples.append((time.perf_counter() - start) * 1e3)
+    return samples
+
+
+def compare(variants: dict[str, Callable[[], object]], *, rounds: int, steps_per_round: int = 1,
+            warmup: int = 2, device: torch.device | None = None,
+            barrier: bool = True) -> dict[str, list[float]]:
+    """Time several variants interleaved: A B C, A B C, … ``rounds`` times.
+
+    Each variant first runs ``warmup`` untimed steps.  Every rank must pass the same variants
+    in the same order (they contain collectives).  Returns the samples (ms) of each variant.
+    """
+    for step in variants.values():
+        for _ in range(warmup):
+            step()
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, step in variants.items():
+            samples[name] += time_steps(step, steps=steps_per_round, warmup=0,
+                                        device=device, barrier=barrier)
+    return samples
+
+
+def median(samples: list[float]) -> float:
+    return statistics.median(samples)
+
+
+def slowest_rank(value: float) -> float:
+    """The largest value over all ranks: a synchronous step is as slow as its slowest rank."""
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _line_up(device: torch.device | None, barrier: bool) -> None:
+    synchronize(device)
+    if barrier and dist.is_initialized():
+        dist.barrier()
+        synchronize(device)

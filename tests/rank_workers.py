@@ -1,0 +1,38 @@
+"""Functions the launcher tests run on every rank (importable, as mp.spawn requires)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+import ddplab
+
+
+def report_ranks(ctx: ddplab.RankContext, args) -> dict:
+    everyone = [None] * ctx.world_size
+    dist.all_gather_object(everyone, (ctx.rank, ddplab.get("ws"), ddplab.get("lrank")))
+    total = torch.tensor([float(ctx.rank)])
+    dist.all_reduce(total)
+    return {"everyone": everyone, "sum": total.item(), "threads": torch.get_num_threads(),
+            "pg_is_world": ddplab.get("pg") is dist.group.WORLD}
+
+
+def rank1_raises(ctx: ddplab.RankContext, args) -> None:
+    if ctx.rank == 1:
+        raise ValueError("rank 1 broke on purpose")
+    dist.barrier()  # rank 0 waits here for a peer that is gone
+
+
+def rank1_never_arrives(ctx: ddplab.RankContext, args) -> None:
+    if ctx.rank == 1:
+        time.sleep(60)  # much longer than the test's --timeout
+    dist.barrier()
+
+
+def random_draw(ctx: ddplab.RankContext, args) -> list[float]:
+    """What the launcher's seeding gives: the same draws on every rank."""
+    draws = [None] * ctx.world_size
+    dist.all_gather_object(draws, torch.rand(3).tolist())
+    return draws

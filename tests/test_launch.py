@@ -1,0 +1,154 @@
+"""ddplab.launch: world sizes, ports, failures, timeouts, backends, bad input."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import rank_workers
+from conftest import REPO, run_script
+
+import ddplab
+from ddplab import cli
+
+CH01 = "scripts/chapter01_processes.py"
+
+
+def parse(*argv: str, out: Path):
+    return ddplab.parse_chapter_args(ddplab.chapter_parser("test"), [*argv, "--out", str(out)])
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_every_rank_runs_and_rank0_result_comes_back(world_size, tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 3 ranks on a 2-core machine warns, on purpose
+        args = parse("--world-size", str(world_size), out=tmp_path)
+    run = ddplab.launch(rank_workers.report_ranks, args)
+
+    assert run.result["everyone"] == [(r, world_size, r) for r in range(world_size)]
+    assert run.result["sum"] == world_size * (world_size - 1) / 2
+    assert run.result["pg_is_world"]
+    assert run.result["threads"] >= 1
+    assert run.provenance["world_size"] == world_size
+    assert run.provenance["launcher"] == "mp.spawn"
+    assert run.provenance["backend"] == "gloo"
+
+
+def test_same_seed_gives_the_same_random_numbers_on_every_rank(tmp_path):
+    run = ddplab.launch(rank_workers.random_draw, parse("--seed", "7", out=tmp_path))
+    assert run.result[0] == run.result[1]
+
+
+def test_a_taken_port_does_not_matter(tmp_path, monkeypatch):
+    # Hold the port every tutorial hard-codes, and point MASTER_PORT at it: spawn mode asks the
+    # OS for a free port instead, so the run still works.
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        monkeypatch.setenv("MASTER_PORT", str(held.getsockname()[1]))
+        run = ddplab.launch(rank_workers.report_ranks, parse(out=tmp_path))
+    assert run.result["sum"] == 1
+
+
+def test_two_runs_at_once_do_not_collide(tmp_path):
+    cmd = [sys.executable, CH01, "--quick"]
+    procs = [subprocess.Popen([*cmd, "--out", str(tmp_path / str(i))], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+
+
+def test_a_rank_that_raises_ends_the_run_and_is_named(tmp_path):
+    start = time.perf_counter()
+    with pytest.raises(ddplab.RankFailed) as failure:
+        ddplab.launch(rank_workers.rank1_raises, parse("--timeout", "30", out=tmp_path))
+    assert time.perf_counter() - start < 25, "the surviving rank should be stopped, not time out"
+    assert failure.value.rank == 1
+    assert str(failure.value) == "rank 1 failed: ValueError: rank 1 broke on purpose"
+    assert "rank_workers.py" in failure.value.details  # the failing rank's own traceback
+
+
+def test_a_rank_stuck_in_a_collective_times_out(tmp_path):
+    start = time.perf_counter()
+    with pytest.raises(ddplab.RankFailed) as failure:
+        ddplab.launch(rank_workers.rank1_never_arrives, parse("--timeout", "3", out=tmp_path))
+    assert time.perf_counter() - start < 30
+    assert failure.value.rank == 0  # rank 0 gave up waiting; rank 1 was stopped
+
+
+def test_crash_from_the_command_line_prints_one_traceback_and_one_last_line(out_dir):
+    run = run_script(CH01, "--crash-rank", "1", "--out", str(out_dir), "--timeout", "30")
+    assert run.returncode == 1
+    last_line = run.stderr.strip().splitlines()[-1]
+    assert last_line == ("error: rank 1 failed: RuntimeError: rank 1 crashed on purpose "
+                         "(--crash-rank 1)")
+    assert run.stderr.count("Traceback (most recent call last)") == 1
+    assert not (out_dir / "chapter01").exists(), "a failed run must not write results"
+
+
+def test_nccl_without_gpus_is_one_clear_line(out_dir):
+    run = run_script(CH01, "--backend", "nccl", "--out", str(out_dir))
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("error: --backend nccl")
+    assert "gloo" in lines[0]  # says what to do instead
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--world-size", "0"], "--world-size must be at least 1"),
+    (["--backend", "mpi"], "invalid choice: 'mpi'"),
+    (["--timeout", "0"], "--timeout must be positive"),
+])
+def test_bad_flags_are_one_line_and_exit_2(argv, message, out_dir):
+    run = run_script(CH01, *argv, "--out", str(out_dir))
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert message in lines[0]
+    assert not out_dir.exists()
+
+
+def test_unwritable_out_is_one_line_and_writes_nothing(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    run = run_script(CH01, "--out", str(blocker / "figures"))
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert "cannot write to --out" in lines[0]
+    assert blocker.read_text() == "not a directory"
+
+
+def test_more_ranks_than_cores_is_allowed_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)
+    with pytest.warns(UserWarning, match="3 ranks on 2 CPU cores"):
+        args = parse("--world-size", "3", out=tmp_path)
+    assert args.world_size == 3
+
+
+def test_choose_backend():
+    assert ddplab.choose_backend("gloo", 4) == "gloo"
+    if not _enough_gpus(2):
+        assert ddplab.choose_backend("auto", 2) == "gloo"
+        with pytest.raises(ddplab.UsageError, match=r"^--backend nccl"):
+            ddplab.choose_backend("nccl", 2)
+
+
+def test_get_rejects_unknown_keys():
+    with pytest.raises(ValueError, match="unknown key"):
+        ddplab.get("world")
+
+
+def _enough_gpus(n: int) -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.device_count() >= n
