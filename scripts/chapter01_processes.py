@@ -8,7 +8,7 @@ rank 0's parameters are broadcast (what DistributedDataParallel does when it wra
 Run it:
     python scripts/chapter01_processes.py                       # 2 CPU ranks, started by mp.spawn
     python scripts/chapter01_processes.py --world-size 4
-    torchrun --standalone --nproc-per-node 2 scripts/chapter01_processes.py  # the same code, started by torchrun
+    torchrun --standalone --nproc-per-node 2 scripts/chapter01_processes.py  # same code, torchrun
     python scripts/chapter01_processes.py --crash-rank 1        # see how a failing rank is reported
 
 Writes figures/chapter01/{ranks.png, replicas.png, results.json} (or under --out DIR).
