@@ -120,9 +120,9 @@ def _spawn(worker: Worker, args, world_size: int, backend: str) -> Run:
         try:
             mp.spawn(_spawned_rank, args=(worker, args, plan), nprocs=world_size, join=True)
         except mp.ProcessExitedException as err:
-            raise _root_cause(plan.scratch, err.error_index, _how_it_died(err)) from None
-        except mp.ProcessRaisedException as err:
-            raise _root_cause(plan.scratch, err.error_index, None) from None
+            raise _root_cause(plan.scratch, err.error_index, died=_how_it_died(err)) from None
+        except mp.ProcessRaisedException as err:  # raised before it could report (e.g. in init)
+            raise _root_cause(plan.scratch, err.error_index, raised=err.msg) from None
         with open(plan.scratch / "result.pkl", "rb") as f:
             return pickle.load(f)
 
@@ -149,7 +149,8 @@ def _spawned_rank(rank: int, worker: Worker, args, plan: _SpawnPlan) -> None:
             pickle.dump(run, f)
 
 
-def _root_cause(scratch: Path, rank: int, died: str | None) -> RankFailed:
+def _root_cause(scratch: Path, rank: int, *, died: str | None = None,
+                raised: str = "") -> RankFailed:
     """Name the rank that failed first: the others usually failed *because* it went away."""
     reports = {r["rank"]: r for r in
                (json.loads(p.read_text()) for p in scratch.glob("error-rank*.json"))}
@@ -157,8 +158,9 @@ def _root_cause(scratch: Path, rank: int, died: str | None) -> RankFailed:
         return RankFailed(rank, f"the process {died} (no Python traceback: killed, out of "
                                 "memory, or a crash in native code)")
     first = next((r for r in reports.values() if r["first"] == r["rank"]), reports.get(rank))
-    if first is None:
-        return RankFailed(rank, "failed without leaving an error report")
+    if first is None:  # mp.spawn's own message: the traceback, ending in 'Type: message'
+        lines = raised.strip().splitlines()
+        return RankFailed(rank, lines[-1] if lines else "failed with no error message", raised)
     return RankFailed(first["rank"], first["summary"], first["traceback"])
 
 
