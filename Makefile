@@ -8,6 +8,10 @@ CONSTRAINTS ?=
 # Extra flags for a chapter script, e.g.  make run-chapter05 ARGS="--world-size 4 --quick"
 ARGS        ?=
 
+# Material for MkDocs 9.7+ prints an end-of-life notice (for its successor) on every build; the
+# book stays on Material 9 + MkDocs 1.6 on purpose, so the notice is noise here.
+export NO_MKDOCS_2_WARNING := 1
+
 PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.installed
 CHAPTERS := $(sort $(patsubst scripts/chapter%.py,%,$(wildcard scripts/chapter[0-9][0-9]_*.py)))
