@@ -7,14 +7,19 @@
     timing.py    fair step timing (warm-up, barriers, medians, A B A B)
     timeline.py  per-rank event timelines, Gantt charts, Chrome traces
     plotting.py  the book's figure style (imports matplotlib: import it where you draw)
+    naive_ddp.py     NaiveDDP: after backward, one all-reduce per parameter (the tutorials' way)
+    bucketed_ddp.py  BucketedDDP: buckets all-reduced during backward (native DDP's design)
 """
 
+from .bucketed_ddp import BucketedDDP
 from .cli import UsageError, chapter_parser, parse_chapter_args
 from .launch import RankFailed, Run, choose_backend, launch, run_main
+from .naive_ddp import NaiveDDP
 from .ranks import RankContext, get, progress, seed_everything
 from .results import chapter_output, read_results, write_results
 
 __all__ = [
+    "BucketedDDP", "NaiveDDP",
     "RankContext", "RankFailed", "Run", "UsageError", "chapter_output", "chapter_parser",
     "choose_backend", "get", "launch", "parse_chapter_args", "progress", "read_results",
     "run_main", "seed_everything", "write_results",

@@ -1,0 +1,61 @@
+"""NaiveDDP against native DistributedDataParallel, on gloo CPU ranks.
+
+Tolerance: with 2 ranks every gradient element is a + b, and IEEE addition is commutative, so
+NaiveDDP's (a + b) / 2 and native's a/2 + b/2 are bit-for-bit equal (halving is exact).  With 3
+ranks the sum depends on the order gloo adds the three values in, and x / 3 differs from
+x * (1/3) in the last bit: the results agree to float32 rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import ddp_workers
+import pytest
+
+import ddplab
+
+
+def launch(worker, world_size: int, tmp_path, timeout: float = 60):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 3 ranks on a 2-core machine warns, on purpose
+        args = ddplab.parse_chapter_args(ddplab.chapter_parser("test"), [
+            "--world-size", str(world_size), "--timeout", str(timeout), "--out", str(tmp_path)])
+    return ddplab.launch(worker, args).result
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    return launch(ddp_workers.naive_checks, 2, tmp_path_factory.mktemp("naive"))
+
+
+@pytest.mark.parametrize("case", ["vs_native", "vs_native_no_sync", "vs_native_frozen"])
+def test_bit_for_bit_equal_to_native_ddp_on_two_ranks(two_ranks, case):
+    assert two_ranks[case] == 0.0
+
+
+def test_sync_gradients_averages(two_ranks):
+    assert two_ranks["sync_averages"] == 0.0
+
+
+def test_different_seeds_raise_a_value_error_that_says_what_to_do(two_ranks):
+    failure = two_ranks["seed_mismatch"]
+    assert failure["type"] == "ValueError"
+    assert "0.weight" in failure["message"]       # the first parameter that differs
+    assert "rank(s) [1]" in failure["message"]    # rank 0 raises too, and says who differs
+    assert "manual_seed" in failure["message"]
+
+
+def test_no_sync_skips_communication_and_restores_the_switch(two_ranks):
+    assert two_ranks["no_sync_keeps_local_grads"]
+    assert two_ranks["sync_after_no_sync"]
+
+
+def test_it_behaves_like_the_wrapped_module(two_ranks):
+    assert two_ranks["eval_reaches_module"]
+    assert two_ranks["forward_delegates"]
+
+
+def test_three_ranks_agree_to_float_rounding(tmp_path):
+    result = launch(ddp_workers.equivalence_only, 3, tmp_path)
+    assert result["naive"] < 1e-6
