@@ -1,0 +1,967 @@
+"""Chapter 07 — checkpointing, and surviving a failure.
+
+Trains a small model with native DistributedDataParallel and checkpoints it: rank 0 writes one
+file atomically, or every rank writes its share with torch.distributed.checkpoint (DCP).  Then
+it breaks things on purpose and checks that the training continues as if nothing happened:
+a rank crashes and a rerun resumes; a rank is killed under torchrun --max-restarts 1, torchrun
+restarts the group and it resumes by itself.  Each resumed run must end with the uninterrupted
+run's parameters, bit for bit.  Last, the usual mistakes, each with the error it really gives.
+
+Run it:
+    python scripts/chapter07_checkpointing.py                   # 2 CPU ranks, started by mp.spawn
+    python scripts/chapter07_checkpointing.py --quick           # < 1 minute (what the tests run)
+    make run-chapter07
+    torchrun --standalone --nproc-per-node 2 scripts/chapter07_checkpointing.py
+        # same code; skips what needs several launches (crash + rerun, DCP resume, restart)
+
+Train on your own, kill rank 1 at step 35, let torchrun restart the group; it resumes by itself:
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node 2 \\
+        --max-restarts 1 scripts/chapter07_checkpointing.py --train --ckpt-dir /tmp/ckpt \\
+        --crash-at-step 35 --crash-how kill
+The same with mp.spawn: the crash ends the run; the same command again resumes from /tmp/ckpt:
+    python scripts/chapter07_checkpointing.py --train --ckpt-dir /tmp/ckpt --crash-at-step 35
+
+Writes figures/chapter07/{resume.png, restart.png, cost.png, results.json} (or under --out DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+
+import ddplab
+from ddplab import checkpoint as ck
+from ddplab import timing
+from ddplab.launch import default_world_size, started_by_torchrun
+from ddplab.timing import slowest_rank
+
+CHAPTER = 7
+SCRIPT = Path(__file__).resolve()
+
+
+@dataclass(frozen=True)
+class Config:
+    samples: int  # training set size
+    batch: int  # per rank
+    steps: int  # optimizer steps in the whole run
+    every: int  # checkpoint every N steps
+    crash_at: int  # the step a rank dies at in the crash demonstrations
+    hidden: int
+    features: int = 32
+    classes: int = 10
+    keep_last: int = 3
+    lr: float = 3e-3
+
+
+QUICK = Config(samples=1024, batch=16, steps=48, every=10, crash_at=45, hidden=256)
+FULL = Config(samples=4096, batch=32, steps=400, every=50, crash_at=290, hidden=1024)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run: where its checkpoints go, and what happens to it."""
+
+    name: str
+    run_dir: Path  # checkpoints in run_dir/torch and run_dir/dcp, events in run_dir/log.jsonl
+    save: tuple[str, ...] = ("torch",)  # checkpoint formats written every cfg.every steps
+    resume: str | None = None  # "torch" or "dcp": continue from the newest checkpoint, if any
+    crash_at: int | None = None  # the last rank dies before this step (first attempt only)
+    crash_how: str = "raise"  # "raise" an exception, or "kill" the process (SIGKILL)
+    stop_at: int | None = None  # stop cleanly after this step (a preemption)
+    forget: str | None = None  # a pitfall: "sampler", "rng", "loader_rng" or "buckets"
+
+
+# --- the model, the data, one step ------------------------------------------------------------
+
+def make_model(cfg: Config, hidden: int | None = None) -> nn.Module:
+    h = hidden or cfg.hidden
+    return nn.Sequential(nn.Linear(cfg.features, h), nn.ReLU(), nn.Dropout(0.1),
+                         nn.Linear(h, h), nn.ReLU(), nn.Dropout(0.1), nn.Linear(h, cfg.classes))
+
+
+def make_dataset(cfg: Config, seed: int) -> TensorDataset:
+    """Points labelled by a random linear teacher; the third column is the sample's index."""
+    g = torch.Generator().manual_seed(seed + 12345)
+    x = torch.randn(cfg.samples, cfg.features, generator=g)
+    teacher = torch.randn(cfg.features, cfg.classes, generator=g)
+    y = (x @ teacher + 0.5 * torch.randn(cfg.samples, cfg.classes, generator=g)).argmax(1)
+    return TensorDataset(x, y, torch.arange(cfg.samples))
+
+
+# --8<-- [start:build]
+def build(ctx: ddplab.RankContext, cfg: Config, job: Job):
+    ddplab.seed_everything(ctx.seed)  # the same model on every rank, in every attempt
+    model = make_model(cfg).to(ctx.device)
+    model = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
+    warmup = max(1, cfg.steps // 10)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(
+        (s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * s / cfg.steps))))
+    torch.manual_seed(ctx.seed + 1 + ctx.rank)  # dropout: each rank draws its own masks
+
+    data = make_dataset(cfg, ctx.seed)
+    sampler = ck.ResumableSampler(data, num_replicas=ctx.world_size, rank=ctx.rank,
+                                  shuffle=True, seed=ctx.seed, drop_last=True)
+    # iter(DataLoader) draws a seed from the *global* generator unless it has its own:
+    # a resumed run starts iterating at another step, and that draw would shift dropout.
+    own = None if job.forget == "loader_rng" else torch.Generator()
+    loader = DataLoader(data, batch_size=cfg.batch, sampler=sampler, drop_last=True,
+                        generator=own)
+    return model, optimizer, scheduler, sampler, loader
+# --8<-- [end:build]
+
+
+def train_step(model, optimizer, scheduler, x, y) -> torch.Tensor:
+    loss = F.cross_entropy(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()  # DDP averages the gradients over the ranks during backward
+    optimizer.step()
+    scheduler.step()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)  # for the log: the loss of the whole global batch
+    return mean / dist.get_world_size()
+
+
+# --- what goes into a checkpoint, and how it comes back ---------------------------------------
+
+# --8<-- [start:state]
+def training_state(ctx, model, optimizer, scheduler, step: int, epoch: int, batch: int) -> dict:
+    """Everything the next step depends on.  Collective: it gathers every rank's generators."""
+    return {
+        "model": model.module.state_dict(),  # the unwrapped model: no "module." prefix
+        "optimizer": optimizer.state_dict(),  # AdamW's moments and step counts
+        "scheduler": scheduler.state_dict(),  # where the learning-rate schedule is
+        "step": step,
+        "epoch": epoch,  # with the sampler's seed, fixes the order of this epoch...
+        "batch_in_epoch": batch,  # ...and how far into it we are
+        "rng": ck.gather_rng_states(ctx.device),  # one entry per rank
+    }
+# --8<-- [end:state]
+
+
+def save(ctx, cfg: Config, job: Job, model, optimizer, scheduler, position) -> dict:
+    """Write every format ``job`` asks for; returns rank 0's timings in milliseconds."""
+    step, epoch, batch = position
+    timings = {}
+    if "torch" in job.save:
+        start = time.perf_counter()
+        state = training_state(ctx, model, optimizer, scheduler, step, epoch, batch)
+        collected = time.perf_counter()
+        report = ck.save_checkpoint(state, job.run_dir / "torch", step, keep_last=cfg.keep_last)
+        timings["torch"] = (time.perf_counter() - start) * 1e3
+        if report is not None:
+            timings["torch_phases"] = {"collect": (collected - start) * 1e3,
+                                       **{k: v * 1e3 for k, v in report.seconds.items()}}
+            timings["torch_bytes"] = report.bytes
+    if "dcp" in job.save:
+        start = time.perf_counter()
+        extra = {"scheduler": scheduler.state_dict(), "step": step, "epoch": epoch,
+                 "batch_in_epoch": batch}
+        ck.save_distributed(job.run_dir / "dcp", step, model, optimizer, extra, cfg.keep_last)
+        timings["dcp"] = (time.perf_counter() - start) * 1e3
+    return timings
+
+
+# --8<-- [start:resume]
+def resume(ctx, job: Job, model, optimizer, scheduler, example) -> dict | None:
+    """Load the newest checkpoint of ``job.resume``'s kind into everything; None if there is none.
+
+    Rank 0 picks the checkpoint and tells the others, so that all ranks load the same one.
+    """
+    kind = job.resume
+    directory = job.run_dir / kind
+    directory.mkdir(parents=True, exist_ok=True)
+    found = (ck.list_checkpoints if kind == "torch" else ck.list_distributed)(directory)
+    choice = [found[-1] if found else None]
+    dist.broadcast_object_list(choice, src=0)
+    path = choice[0]
+    if path is None:
+        return None
+    if job.forget != "buckets":
+        settle_ddp_buckets(model, example)  # see below
+    if kind == "torch":
+        state = ck.load_checkpoint(path, ctx.device)  # map_location=ctx.device inside
+        ck.load_model_state(model.module, state["model"], path)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if job.forget != "rng":
+            ck.restore_rng_states(state["rng"], ctx.device, path)
+    else:
+        template = {"scheduler": scheduler.state_dict(), "step": 0, "epoch": 0,
+                    "batch_in_epoch": 0}
+        state = ck.load_distributed(path, model, optimizer, template)
+        scheduler.load_state_dict(state["scheduler"])
+    return {"path": path, "step": state["step"], "epoch": state["epoch"],
+            "batch_in_epoch": state["batch_in_epoch"]}
+# --8<-- [end:resume]
+
+
+# --8<-- [start:settle]
+def settle_ddp_buckets(model: DDP, example: torch.Tensor) -> None:
+    """One throwaway backward, so that the first resumed step uses DDP's final bucket layout.
+
+    DDP re-orders its gradient buckets after its first backward (to the order the gradients
+    became ready).  With 3 or more ranks the ring sums each element in an order that depends
+    on where it sits in the bucket, so the first step after a resume would differ from the
+    uninterrupted run's step in the last bit.  The gradients are thrown away; the parameters,
+    buffers, optimizer and generators are loaded afterwards.
+    """
+    model(example).sum().backward()
+    model.zero_grad(set_to_none=True)
+# --8<-- [end:settle]
+
+
+# --- the training loop --------------------------------------------------------------------------
+
+# --8<-- [start:train]
+def train(ctx: ddplab.RankContext, cfg: Config, job: Job) -> dict:
+    log = EventLog(job.run_dir / "log.jsonl", job.name, ctx)
+    dist.barrier()
+    log.write("boot")  # every rank is up
+    model, optimizer, scheduler, sampler, loader = build(ctx, cfg, job)
+    log.write("built")
+    start = time.perf_counter()
+    example = loader.dataset[0][0][None].to(ctx.device)  # one input, for settle_ddp_buckets
+    resumed = resume(ctx, job, model, optimizer, scheduler, example) if job.resume else None
+    load_ms = slowest_rank((time.perf_counter() - start) * 1e3) if resumed else None
+    step, epoch, batch = ((resumed["step"], resumed["epoch"], resumed["batch_in_epoch"])
+                          if resumed else (0, 0, 0))
+    if job.forget == "sampler":
+        batch = 0  # the pitfall: the resumed run starts its epoch over
+    log.write("start", step=step, resumed_from=step if resumed else None)
+
+    end = job.stop_at or cfg.steps
+    losses, seen, saves = {}, {}, []
+    while step < end:
+        sampler.start_at(epoch, skip=batch * cfg.batch)  # the samples this rank already had
+        for x, y, index in loader:
+            crash_if_asked(ctx, job, step, resumed is not None, log)
+            loss = train_step(model, optimizer, scheduler, x.to(ctx.device), y.to(ctx.device))
+            losses[step], seen[step] = loss.item(), index.tolist()
+            step, batch = step + 1, batch + 1
+            log.write("step", step=step, loss=losses[step - 1])
+            if step % cfg.every == 0:
+                saves.append(save(ctx, cfg, job, model, optimizer, scheduler, (step, epoch, batch)))
+                log.write("save", step=step)
+            if step == end:
+                break
+        else:
+            epoch, batch = epoch + 1, 0  # the epoch ran out: the next one has a new order
+    log.write("done", step=step)
+    return finish(ctx, model, losses, seen, saves, resumed, load_ms)
+# --8<-- [end:train]
+
+
+def crash_if_asked(ctx, job: Job, step: int, resumed: bool, log) -> None:
+    """The last rank dies at ``job.crash_at`` — only in a run that started from step 0 and in
+    torchrun's first attempt, so that the restarted (or rerun) group gets past it."""
+    if job.crash_at != step or ctx.rank != ctx.world_size - 1 or resumed or restart_count():
+        return
+    log.write("crash", step=step, rank=ctx.rank, how=job.crash_how, any_rank=True)
+    if job.crash_how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)  # like the OOM killer: no exception, no cleanup
+    raise RuntimeError(f"rank {ctx.rank} crashed on purpose at step {step}")
+
+
+def finish(ctx, model, losses, seen, saves, resumed, load_ms) -> dict:
+    params = torch.cat([p.detach().reshape(-1) for p in model.module.parameters()])
+    rank0 = params.clone()
+    dist.broadcast(rank0, src=0)
+    replica_diff = slowest_rank((params - rank0).abs().max().item())  # DDP keeps them equal
+    everyone = [None] * ctx.world_size
+    dist.all_gather_object(everyone, seen)
+    return {"params": params.cpu(), "replica_diff": replica_diff, "losses": losses,
+            "seen": {s: sorted(i for r in everyone for i in r[s]) for s in seen},
+            "saves": saves, "load_ms": load_ms,
+            "resumed_from": resumed["step"] if resumed else None}
+
+
+def restart_count() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+class EventLog:
+    """Rank 0 appends one JSON line per event, so a run that dies leaves its history behind."""
+
+    def __init__(self, path: Path, job: str, ctx: ddplab.RankContext):
+        self.path, self.job, self.ctx = path, job, ctx
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, event: str, any_rank: bool = False, **fields) -> None:
+        if not (self.ctx.is_main or any_rank):
+            return
+        record = {"t": time.time(), "job": self.job, "attempt": restart_count(),
+                  "launcher": self.ctx.launcher, "event": event, **fields}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# --- pitfalls, each with the error it really gives ------------------------------------------
+
+# --8<-- [start:every_rank_saves]
+def every_rank_saves(ctx, model, directory: Path) -> dict:
+    """torch.save(state, path) on every rank: rank 0 reads the file back while rank 1 is
+    half-way through writing the same bytes to it (we hold rank 1 there with a barrier)."""
+    path = directory / "model.pt"
+    state = {"model": model.module.state_dict()}
+    buffer = io.BytesIO()
+    torch.save(state, buffer)  # exactly the bytes torch.save(state, path) writes
+    data = buffer.getvalue()
+    if ctx.rank == 0:
+        torch.save(state, path)  # rank 0 is done...
+    dist.barrier()
+    error = None
+    with open(path, "wb") if ctx.rank == 1 else nullcontext() as writer:  # ...rank 1 truncates it
+        if writer:
+            writer.write(data[: len(data) // 2])
+            writer.flush()
+        dist.barrier()
+        if ctx.rank == 0:
+            try:
+                torch.load(path, weights_only=True)
+            except Exception as err:
+                error = one_line(err)
+        dist.barrier()
+        if writer:
+            writer.write(data[len(data) // 2:])
+    return {"error": error, "file_mb": len(data) / 1e6,
+            "mb_written_by_all_ranks": ctx.world_size * len(data) / 1e6}
+# --8<-- [end:every_rank_saves]
+
+
+_PRETEND_GPU = [False]  # while True, torch.save records every tensor as saved from cuda:0
+
+
+def _register_pretend_tagger() -> None:
+    """torch.save asks registered "taggers" where a storage lives; ours answers cuda:0."""
+    if not getattr(_register_pretend_tagger, "done", False):
+        torch.serialization.register_package(
+            0, lambda storage: "cuda:0" if _PRETEND_GPU[0] else None, lambda s, loc: None)
+        _register_pretend_tagger.done = True
+
+
+# --8<-- [start:map_location]
+def load_without_map_location(ctx, model, directory: Path) -> dict:
+    """A checkpoint written by rank 0 from GPU 0, loaded on every rank with and without
+    map_location.  On a CPU machine we write the same file a GPU would: its tensors say cuda:0."""
+    path = directory / "from_gpu0.pt"
+    if ctx.rank == 0:
+        if ctx.device.type == "cuda":
+            torch.save(model.module.state_dict(), path)  # really on cuda:0
+        else:
+            _register_pretend_tagger()
+            _PRETEND_GPU[0] = True
+            try:
+                torch.save(model.module.state_dict(), path)
+            finally:
+                _PRETEND_GPU[0] = False
+    dist.barrier()
+    recorded = set()  # a map_location function sees where each tensor was saved from
+    torch.load(path, weights_only=True, map_location=lambda s, loc: recorded.add(loc) or s)
+    try:
+        without = str(next(iter(torch.load(path, weights_only=True).values())).device)
+    except Exception as err:
+        without = one_line(err)
+    with_ = str(next(iter(torch.load(path, weights_only=True,
+                                     map_location=ctx.device).values())).device)
+    everyone = [None] * ctx.world_size
+    dist.all_gather_object(everyone, {"rank": ctx.rank, "without": without, "with": with_})
+    return {"saved_on": sorted(recorded), "ranks": everyone}
+# --8<-- [end:map_location]
+
+
+def ddp_prefix(ctx, cfg: Config, model) -> dict:
+    """Saving the DDP wrapper's state_dict: every key gains "module." and a plain model refuses."""
+    plain = make_model(cfg)
+    try:
+        plain.load_state_dict(model.state_dict())
+        torch_error = None
+    except RuntimeError as err:
+        torch_error = " ".join(str(err).split())[:240]
+    try:
+        ck.load_model_state(plain, model.state_dict(), Path("ddp_state.pt"))
+        ours = None
+    except ck.CheckpointError as err:
+        ours = str(err)
+    return {"torch_error": torch_error, "our_error": ours}
+
+
+def one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    first = text.split(". ")[0] if text else ""
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+# --- what each launch runs ----------------------------------------------------------------------
+
+def config(args) -> Config:
+    return QUICK if args.quick else FULL
+
+
+def stage_reference(ctx, args) -> dict:
+    """The uninterrupted run (both checkpoint formats, for their costs), then three pitfalls."""
+    cfg, work = config(args), Path(args.work)
+    result = train(ctx, cfg, Job("uninterrupted", work / "reference", save=("torch", "dcp")))
+    model = build(ctx, cfg, Job("pitfalls", work / "pitfalls"))[0]
+    pitfalls_dir = work / "pitfalls"
+    pitfalls_dir.mkdir(parents=True, exist_ok=True)
+    result["pitfalls"] = {"every_rank_saves": every_rank_saves(ctx, model, pitfalls_dir),
+                          "no_map_location": load_without_map_location(ctx, model, pitfalls_dir),
+                          "ddp_prefix": ddp_prefix(ctx, cfg, model)}
+    return result
+
+
+def stage_crash(ctx, args) -> None:
+    cfg = config(args)
+    train(ctx, cfg, Job("crash", Path(args.work) / "crash", save=("torch", "dcp"),
+                        crash_at=cfg.crash_at))
+
+
+def stage_resume(ctx, args) -> dict:
+    """The rerun after the crash (a new set of processes), then the forgetful resumes."""
+    cfg, work = config(args), Path(args.work)
+    result = train(ctx, cfg, Job("resumed", work / "crash", resume="torch"))
+    snapshot = work / "snapshot"  # a copy of the checkpoint the crash left behind
+    result["forgot"] = {what: train(ctx, cfg, Job(f"forgot {what}", snapshot, resume="torch",
+                                                  save=(), forget=what))
+                        for what in ("sampler", "rng")}
+    shared = work / "loader_rng"  # the DataLoader without its own generator: crash and resume
+    reference = train(ctx, cfg, Job("loader_rng uninterrupted", shared / "a", save=(),
+                                    forget="loader_rng"))
+    train(ctx, cfg, Job("loader_rng first part", shared / "b", stop_at=cfg.crash_at,
+                        forget="loader_rng"))
+    resumed = train(ctx, cfg, Job("loader_rng resumed", shared / "b", resume="torch",
+                                  forget="loader_rng"))
+    result["forgot"]["loader_rng"] = {**resumed, "reference_params": reference["params"]}
+    return result
+
+
+def stage_buckets(ctx, args) -> dict:
+    """With 3 ranks: resume with and without settling DDP's buckets first (in one launch)."""
+    cfg, work = config(args), Path(args.work) / "buckets"
+    reference = train(ctx, cfg, Job("3 ranks, uninterrupted", work / "a", save=()))
+    train(ctx, cfg, Job("3 ranks, first part", work / "b", stop_at=cfg.crash_at))
+    runs = {name: train(ctx, cfg, Job(f"3 ranks, {name}", work / "b", resume="torch", save=(),
+                                      forget=forget))
+            for name, forget in (("settled", None), ("not_settled", "buckets"))}
+    return {"world_size": ctx.world_size, **{
+        f"max_abs_diff_{name}": max_abs_diff(run["params"], reference["params"])
+        for name, run in runs.items()}}
+
+
+def stage_resume_dcp(ctx, args) -> dict:
+    return train(ctx, config(args), Job("resumed (DCP)", Path(args.work) / "crash",
+                                        save=("dcp",), resume="dcp"))
+
+
+def stage_train(ctx, args) -> dict:
+    """--train: one run that resumes from --ckpt-dir when it can (what torchrun restarts)."""
+    job = Job("train", Path(args.ckpt_dir), resume="torch", crash_at=args.crash_at_step,
+              crash_how=args.crash_how)
+    result = train(ctx, config(args), job)
+    result["attempt"] = restart_count()
+    return result
+
+
+STAGES = {"reference": stage_reference, "crash": stage_crash, "resume": stage_resume,
+          "resume_dcp": stage_resume_dcp, "buckets": stage_buckets, "train": stage_train}
+
+
+def worker(ctx: ddplab.RankContext, args):
+    """Runs on every rank."""
+    result = STAGES[args.stage](ctx, args)
+    return result if ctx.is_main else None
+
+
+def launch(args, stage: str, **changes):
+    return ddplab.launch(worker, argparse.Namespace(**{**vars(args), "stage": stage, **changes}))
+
+
+# --- the parts run from the launching process -------------------------------------------------
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+def snapshot_latest(source: Path, target: Path) -> Path:
+    """Copy the newest checkpoint (and its checksum) aside, for the forgetful resumes."""
+    latest = ck.latest_checkpoint(source)
+    target.mkdir(parents=True, exist_ok=True)
+    for path in (latest, ck.checksum_path(latest)):
+        shutil.copy2(path, target / path.name)
+    return latest
+
+
+def run_torchrun_restart(args, cfg: Config, work: Path) -> dict:
+    """torchrun --max-restarts 1 as a subprocess: rank N-1 is killed at cfg.crash_at, once."""
+    run_dir = work / "restart"
+    world = args.world_size or default_world_size()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", str(world), "--max-restarts", "1", str(SCRIPT), "--train",
+           "--ckpt-dir", str(run_dir), "--crash-at-step", str(cfg.crash_at),
+           "--crash-how", "kill", "--seed", str(args.seed), "--backend", args.backend,
+           "--timeout", str(args.timeout), "--out", str(work / "restart-out"),
+           *(["--quick"] if args.quick else [])]
+    # torch >= 2.5 shares torchrun's rendezvous store with the workers; a restarted rank can
+    # read the dead attempt's addresses from it and fail to connect (pytorch/pytorch#135712).
+    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+           "LOGLEVEL": "INFO"}  # torchrun then also says when it restarts the group
+    started = time.time()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=4 * args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every rank it started
+        output, _ = proc.communicate()
+        raise ddplab.RankFailed(0, "torchrun restart demo hung; its output is above",
+                                output[-4000:]) from None
+    if proc.returncode != 0:
+        raise ddplab.RankFailed(0, f"torchrun exited with {proc.returncode}", output[-4000:])
+    final = torch.load(run_dir / "final.pt", weights_only=True)
+    return {"final": final, "log": read_log(run_dir / "log.jsonl"), "started": started,
+            "wall_s": time.time() - started, "torchrun_lines": torchrun_lines(output)}
+
+
+def torchrun_lines(output: str) -> list[str]:
+    """torchrun's own words about the failure and the restart (without the log prefix)."""
+    keep = ("failed (exitcode", "attempts left")
+    return [line.split("] ", 1)[-1].strip() for line in output.splitlines()
+            if any(k in line for k in keep)]
+
+
+def atomic_crash_demo(work: Path) -> dict:
+    """A process killed between writing the temporary file and renaming it."""
+    directory = work / "atomic"
+    code = ("import os, signal, sys, torch; from ddplab import checkpoint as ck; "
+            "d = sys.argv[1]; ck.save_checkpoint({'w': torch.ones(1000)}, d, step=1); "
+            "os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL); "
+            "ck.save_checkpoint({'w': torch.zeros(1000)}, d, step=2)")
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent)}
+    proc = subprocess.run([sys.executable, "-c", code, str(directory)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    latest = ck.latest_checkpoint(directory)
+    state = ck.load_checkpoint(latest, torch.device("cpu"))
+    return {"exit_code": proc.returncode, "files": sorted(p.name for p in directory.iterdir()),
+            "latest": latest.name, "latest_loads": bool(state["w"].eq(1).all())}
+
+
+def bad_input_demo(cfg: Config, good: Path, work: Path) -> dict:
+    """Each broken checkpoint gets one clear line (paths shown relative to the work dir)."""
+    bad = work / "bad"
+    messages = {}
+
+    def copy(name: str, data: bytes, checksum: bool = True) -> Path:
+        path = bad / name / good.name
+        path.parent.mkdir(parents=True)
+        path.write_bytes(data)
+        if checksum:
+            shutil.copy2(ck.checksum_path(good), ck.checksum_path(path))
+        return path
+
+    def message(action) -> str:
+        try:
+            action()
+        except ck.CheckpointError as err:
+            return str(err).replace(f"{work}/", "")
+        return "no error"
+
+    data = good.read_bytes()
+    weight = torch.load(good, weights_only=True)["model"]["0.weight"]
+    at = data.find(weight.numpy().tobytes()[:64]) + 101  # a byte inside the first weight matrix
+    flipped = bytearray(data)
+    flipped[at] ^= 0xFF
+    cpu = torch.device("cpu")
+    truncated = copy("truncated", data[: len(data) // 2])
+    corrupted = copy("corrupted", bytes(flipped))
+    incomplete = copy("incomplete", data, checksum=False)
+    messages["truncated"] = message(lambda: ck.load_checkpoint(truncated, cpu))
+    messages["corrupted"] = message(lambda: ck.load_checkpoint(corrupted, cpu))
+    messages["incomplete"] = message(lambda: ck.load_checkpoint(incomplete, cpu))
+    messages["missing_dir"] = message(lambda: ck.list_checkpoints(work / "no_such_dir"))
+    state = ck.load_checkpoint(good, cpu)
+    messages["wrong_shape"] = message(lambda: ck.load_model_state(
+        make_model(cfg, hidden=cfg.hidden // 2), state["model"], good.relative_to(work)))
+    silently = torch.load(corrupted, weights_only=True)["model"]["0.weight"]  # no checksum check
+    messages["torch_load_alone_changed_weight_by"] = max_abs_diff(silently, weight)
+    return messages
+
+
+def dcp_bytes_per_rank(directory: Path, world: int) -> list[int]:
+    """DCP files are named __<rank>_<n>.distcp; rank 0 also writes .metadata."""
+    sizes = [0] * world
+    for f in directory.iterdir():
+        rank = 0 if f.name == ".metadata" else int(f.name.split("_")[2])
+        sizes[rank] += f.stat().st_size
+    return sizes
+
+
+# --- drawing ------------------------------------------------------------------------------------
+
+def loss_series(log: list[dict], job: str, attempt: int | None = None) -> dict[int, float]:
+    return {e["step"] - 1: e["loss"] for e in log if e["job"] == job and e["event"] == "step"
+            and (attempt is None or e["attempt"] == attempt)}
+
+
+def draw_resume(curves: dict, crash_at: int, checkpoint_at: int, path: Path) -> None:
+    """Top: loss curves, the resumed ones on top of the uninterrupted one.  Bottom: |difference|."""
+    from ddplab import plotting
+
+    ok = plotting.OKABE_ITO
+    styles = {"uninterrupted": dict(color="#BBBBBB", lw=5, zorder=1),
+              "crash (mp.spawn), then rerun": dict(color=ok["blue"], lw=1.6, ls="-"),
+              "resumed from DCP": dict(color=ok["green"], lw=1.6, ls=(0, (4, 2))),
+              "torchrun restart": dict(color=ok["orange"], lw=1.6, ls=(0, (1, 1.5))),
+              "forgot the sampler position": dict(color=ok["vermillion"], lw=1.2, ls="--"),
+              "forgot the RNG states": dict(color=ok["purple"], lw=1.2, ls="-.")}
+    fig, (top, bottom) = plotting.figure(2, 1, height=5.6, sharex=True,
+                                         gridspec_kw={"height_ratios": [3, 2]})
+    reference = curves["uninterrupted"]
+    for name, series in curves.items():
+        steps = sorted(series)
+        top.plot(steps, [series[s] for s in steps], label=name, **styles[name])
+        if name != "uninterrupted":
+            after = [s for s in steps if s >= checkpoint_at]
+            bottom.plot(after, [abs(series[s] - reference[s]) for s in after], **styles[name])
+    for ax in (top, bottom):
+        ax.axvline(crash_at, color=ok["vermillion"], lw=0.8)
+        ax.axvspan(checkpoint_at, crash_at, color=plotting.COLORS["idle"], lw=0)
+    top.text(crash_at, top.get_ylim()[1], " crash", color=ok["vermillion"], va="top", fontsize=8)
+    top.text(checkpoint_at, top.get_ylim()[1], "last checkpoint ", ha="right", va="top",
+             fontsize=8, color=ok["grey"])
+    top.set_ylabel("training loss\n(mean over ranks)")
+    bottom.set_yscale("symlog", linthresh=1e-6)
+    bottom.set_ylim(-1e-7, 1)
+    bottom.set_ylabel("|loss − uninterrupted|")
+    bottom.set_xlabel("optimizer step")
+    bottom.text(checkpoint_at, 2e-7, "resumed correctly: exactly 0  ", ha="right", va="bottom",
+                fontsize=8)
+    handles, labels = top.get_legend_handles_labels()
+    bottom.legend(handles, labels, ncols=2, loc="upper left", fontsize=8)
+    top.set_title("Every correct resume retraces the uninterrupted run exactly")
+    plotting.save(fig, path)
+
+
+def draw_restart(restart: dict, resumed_from: int, path: Path) -> None:
+    """Where the time went when torchrun restarted the group: start-up, lost steps, loading."""
+    from ddplab import plotting
+
+    ok, log, t0 = plotting.OKABE_ITO, restart["log"], restart["started"]
+    crash = next(e for e in log if e["event"] == "crash")
+    styles = {"start processes (import torch, rendezvous)": ("#DDDDDD", None),
+              "build model and data": (ok["purple"], None),
+              "load checkpoint": (ok["yellow"], None),
+              "training steps": (plotting.COLORS["compute"], None),
+              "steps lost, done again": (ok["sky"], "////")}
+    fig, ax = plotting.figure(height=2.9)
+    labelled = set()
+
+    def bar(y: int, start: float, stop: float, part: str) -> None:
+        color, hatch = styles[part]
+        ax.barh(y, stop - start, left=start - t0, height=0.5, color=color, hatch=hatch,
+                edgecolor="white" if hatch else color, lw=0,
+                label=None if part in labelled else part)
+        labelled.add(part)
+
+    for y, attempt in ((1, 0), (0, 1)):
+        events = [e for e in log if e["attempt"] == attempt]
+        at = {e["event"]: e["t"] for e in events if e["event"] in ("boot", "built", "start")}
+        finished = {e["step"]: e["t"] for e in events if e["event"] == "step"}  # step -> time
+        bar(y, t0 if attempt == 0 else crash["t"], at["boot"],
+            "start processes (import torch, rendezvous)")
+        bar(y, at["boot"], at["built"], "build model and data")
+        bar(y, at["built"], at["start"], "load checkpoint")
+        checkpointed = finished.get(resumed_from, at["start"])
+        redone = crash["t"] if attempt == 0 else finished[crash["step"]]
+        bar(y, at["start"], checkpointed, "training steps")
+        bar(y, checkpointed, redone, "steps lost, done again")
+        bar(y, redone, max(finished.values()) if attempt else redone, "training steps")
+        saves = [e["t"] - t0 for e in events if e["event"] == "save"]
+        ax.plot(saves, [y] * len(saves), "|", color=ok["green"], ms=15, mew=2,
+                label=None if attempt else "checkpoint saved")
+    ax.plot([crash["t"] - t0], [1], "X", color=ok["vermillion"], ms=10,
+            label=f"rank {crash['rank']} killed at step {crash['step']}")
+    ax.set_yticks([1, 0], ["attempt 0", "attempt 1\n(restarted)"])
+    ax.set_xlim(0, None)
+    ax.set_ylim(-0.5, 1.5)
+    ax.set_xlabel("seconds since torchrun started")
+    ax.legend(ncols=2, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3))
+    ax.set_title("torchrun --max-restarts 1: the group dies, is restarted, and resumes")
+    plotting.save(fig, path)
+
+
+def draw_cost(metrics: dict, path: Path) -> None:
+    """Left: how long a save or a load takes.  Right: how many bytes each rank writes."""
+    from ddplab import plotting
+
+    ok = plotting.OKABE_ITO
+    fig, (left, right) = plotting.figure(1, 2, height=3.0, gridspec_kw={"width_ratios": [3, 2]})
+    colors = {"collect": ok["purple"], "serialize": ok["blue"], "fsync": ok["orange"],
+              "rename": ok["green"], "prune, barrier": ok["grey"]}
+    edge = 0.0
+    for name, value in metrics["save_phases_ms"].items():
+        left.barh(3, value, left=edge, color=colors[name], label=f"torch.save: {name}")
+        edge += value
+    dcp, whole = metrics["dcp"], ok["sky"]
+    left.barh(2, dcp["save_ms"], color=whole)
+    left.barh(1, metrics["load_ms"] or 0.0, color=whole)
+    left.barh(0, dcp.get("load_ms") or 0.0, color=whole)
+    left.set_yticks([3, 2, 1, 0], ["save: rank 0,\ntorch.save", "save: DCP,\nevery rank",
+                                   "load: torch.load", "load: DCP"])
+    left.set_xlabel("median time (ms), slowest rank for loads")
+    left.legend(fontsize=7, loc="upper right")
+    left.set_title("How long training waits")
+
+    world = len(dcp["bytes_per_rank"])
+    groups = {"rank 0\nonly": [metrics["checkpoint_mb"]] + [0.0] * (world - 1),
+              "DCP": [b / 1e6 for b in dcp["bytes_per_rank"]],
+              "every rank\n(pitfall)": [metrics["checkpoint_mb"]] * world}
+    width = 0.8 / world
+    for r in range(world):
+        xs = [i + (r - (world - 1) / 2) * width for i in range(len(groups))]
+        right.bar(xs, [v[r] for v in groups.values()], width, color=plotting.rank_color(r),
+                  label=f"rank {r}")
+    right.set_xticks(range(len(groups)), list(groups))
+    right.set_ylabel("MB written per checkpoint")
+    right.legend(fontsize=8)
+    right.set_title("Who writes what")
+    plotting.save(fig, path)
+
+
+# --- the launching process: run every part, then report ---------------------------------------
+
+def summarize(metrics: dict) -> str:
+    lines = []
+    for key in ("resume", "dcp", "restart"):
+        part = metrics[key]
+        if "max_abs_diff" in part:
+            lines.append(f"{key:<8} max |Δparam| vs uninterrupted = {part['max_abs_diff']:.3g}"
+                         f"  (resumed from step {part['resumed_from_step']})")
+        else:
+            lines.append(f"{key:<8} skipped: {part['skipped']}")
+    if "restarts" in metrics["restart"]:
+        lines.append(f"torchrun restarts: {metrics['restart']['restarts']}")
+    lines.append(f"save {metrics['save_ms']:.1f} ms, load {metrics['load_ms'] or 0:.1f} ms, "
+                 f"checkpoint {metrics['checkpoint_mb']:.2f} MB")
+    lines.append(f"corrupted file: {metrics['corrupt_file_error']}")
+    return "\n".join(lines)
+
+
+def train_only(args) -> None:
+    """--train: one run, checkpoints in --ckpt-dir; rank 0 leaves final.pt there."""
+    run = launch(args, "train")
+    if run is None:
+        return
+    result = run.result
+    torch.save({"params": result["params"], "replica_diff": result["replica_diff"],
+                "resumed_from": result["resumed_from"], "attempt": result["attempt"]},
+               Path(args.ckpt_dir) / "final.pt")
+    start = result["resumed_from"]
+    how = f"resumed from step {start}" if start is not None else "from step 0"
+    if run.provenance["launcher"] == "torchrun":
+        how += f", torchrun restart {result['attempt']}"
+    print(f"trained to step {max(result['losses'], default=start or 0) + 1} ({how}); "
+          f"final parameters in {Path(args.ckpt_dir) / 'final.pt'}")
+
+
+def run_chapter(args, work: Path) -> dict:
+    cfg = config(args)
+    run = launch(args, "reference", work=str(work))
+    if run is None:
+        return {}
+    reference, provenance = run.result, run.provenance
+    ref_params = reference["params"]
+    torch_saves = [s for s in reference["saves"] if "torch" in s]
+    phases = {k: timing.median([s["torch_phases"][k] for s in torch_saves])
+              for k in torch_saves[0]["torch_phases"]}
+    save_ms = timing.median([s["torch"] for s in torch_saves])
+    phases["prune, barrier"] = max(0.0, save_ms - sum(phases.values()))
+    good = ck.latest_checkpoint(work / "reference" / "torch")
+    metrics = {
+        "config": asdict(cfg),
+        "uninterrupted": {"replica_diff": reference["replica_diff"]},
+        "save_ms": save_ms, "save_phases_ms": phases,
+        "checkpoint_mb": torch_saves[-1]["torch_bytes"] / 1e6,
+        "pitfalls": reference["pitfalls"],
+    }
+    dcp_dir = ck.list_distributed(work / "reference" / "dcp")[-1]
+    dcp_bytes = dcp_bytes_per_rank(dcp_dir, provenance["world_size"])
+    metrics["dcp"] = {"save_ms": timing.median([s["dcp"] for s in reference["saves"]]),
+                      "bytes_per_rank": dcp_bytes, "checkpoint_mb": sum(dcp_bytes) / 1e6}
+    metrics["bad_input"] = bad_input_demo(cfg, good, work)
+    metrics["corrupt_file_error"] = metrics["bad_input"]["corrupted"]
+    metrics["atomic"] = atomic_crash_demo(work)
+    curves = {"uninterrupted": reference["losses"]}
+
+    if provenance["launcher"] == "torchrun":
+        note = "needs several launches; run with python (mp.spawn) for this part"
+        print(f"note: under torchrun, skipping the crash/rerun, DCP resume and restart: {note}")
+        for key in ("resume", "dcp", "restart"):
+            metrics.setdefault(key, {})["skipped"] = note
+        metrics["load_ms"] = None
+        return {"metrics": metrics, "curves": curves, "provenance": provenance}
+
+    # Crash (rank N-1 raises at cfg.crash_at), then a new launch resumes from the checkpoint.
+    try:
+        launch(args, "crash", work=str(work))
+        raise RuntimeError("the crash run was supposed to fail")
+    except ddplab.RankFailed as err:
+        crash_error = str(err)
+    crash_log = read_log(work / "crash" / "log.jsonl")
+    snapshot_latest(work / "crash" / "torch", work / "snapshot" / "torch")
+    resumed = launch(args, "resume", work=str(work)).result
+    resumed_dcp = launch(args, "resume_dcp", work=str(work)).result
+    restart = run_torchrun_restart(args, cfg, work)
+    # 3 ranks, where the order of a sum matters (gloo on CPU unless there are 3 GPUs)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    metrics["buckets"] = launch(args, "buckets", work=str(work), world_size=3,
+                                backend=args.backend if gpus >= 3 else "gloo").result
+
+    metrics["load_ms"] = resumed["load_ms"]
+    metrics["resume"] = {"max_abs_diff": max_abs_diff(resumed["params"], ref_params),
+                         "resumed_from_step": resumed["resumed_from"], "crash_error": crash_error,
+                         "replica_diff": resumed["replica_diff"]}
+    metrics["dcp"].update({"max_abs_diff": max_abs_diff(resumed_dcp["params"], ref_params),
+                           "resumed_from_step": resumed_dcp["resumed_from"],
+                           "load_ms": resumed_dcp["load_ms"]})
+    metrics["restart"] = restart_metrics(restart, ref_params)
+    metrics["pitfalls"].update(forgetful_resumes(resumed, reference, ref_params))
+
+    crashed = loss_series(crash_log, "crash")
+    curves["crash (mp.spawn), then rerun"] = {**crashed, **resumed["losses"]}
+    curves["resumed from DCP"] = {**crashed, **resumed_dcp["losses"]}
+    curves["torchrun restart"] = loss_series(restart["log"], "train")  # attempt 1 overwrites
+    curves["forgot the sampler position"] = {**crashed, **resumed["forgot"]["sampler"]["losses"]}
+    curves["forgot the RNG states"] = {**crashed, **resumed["forgot"]["rng"]["losses"]}
+    return {"metrics": metrics, "curves": curves, "provenance": provenance, "restart": restart,
+            "checkpoint_at": resumed["resumed_from"], "crash_at": cfg.crash_at}
+
+
+def restart_metrics(restart: dict, ref_params: torch.Tensor) -> dict:
+    log, final = restart["log"], restart["final"]
+    crash = next(e for e in log if e["event"] == "crash")
+    boot = next(e for e in log if e["event"] == "boot" and e["attempt"] == final["attempt"])
+    resumed_step = final["resumed_from"]
+    return {"max_abs_diff": max_abs_diff(final["params"], ref_params),
+            "restarts": final["attempt"],  # TORCHELASTIC_RESTART_COUNT of the attempt that finished
+            "attempts": sorted({e["attempt"] for e in log}),
+            "crashed_at_step": crash["step"], "resumed_from_step": resumed_step,
+            "lost_steps": crash["step"] - resumed_step,
+            "restart_s": boot["t"] - crash["t"], "wall_s": restart["wall_s"],
+            "replica_diff": final["replica_diff"], "torchrun_said": restart["torchrun_lines"]}
+
+
+def forgetful_resumes(resumed: dict, reference: dict, ref_params: torch.Tensor) -> dict:
+    out = {}
+    sampler, rng = resumed["forgot"]["sampler"], resumed["forgot"]["rng"]
+    start = sampler["resumed_from"]
+    visits = {}  # how often each sample was trained on, minus the uninterrupted run's count
+    for step, indices in reference["seen"].items():
+        for i in indices:
+            visits[i] = visits.get(i, 0) - (step >= start)
+    for indices in sampler["seen"].values():
+        for i in indices:
+            visits[i] = visits.get(i, 0) + 1
+    changed = sum(sampler["seen"][s] != reference["seen"][s] for s in sampler["seen"])
+    out["forgot_sampler"] = {"max_abs_diff": max_abs_diff(sampler["params"], ref_params),
+                             "batches_after_resume": len(sampler["seen"]),
+                             "batches_different": changed,
+                             "samples_repeated": sum(v for v in visits.values() if v > 0)}
+    out["forgot_rng"] = {"max_abs_diff": max_abs_diff(rng["params"], ref_params)}
+    loader = resumed["forgot"]["loader_rng"]
+    out["loader_without_generator"] = {
+        "max_abs_diff": max_abs_diff(loader["params"], loader["reference_params"])}
+    return out
+
+
+def parse_args(argv: list[str] | None = None):
+    parser = ddplab.chapter_parser(__doc__, prog="chapter07_checkpointing.py")
+    parser.add_argument("--ckpt-dir", type=Path, default=None, metavar="DIR",
+                        help="where checkpoints go (default: a temporary directory, removed at "
+                             "the end; with --train: required)")
+    parser.add_argument("--train", action="store_true",
+                        help="only train (resuming from --ckpt-dir if it has a checkpoint)")
+    parser.add_argument("--crash-at-step", type=int, default=None, metavar="K",
+                        help="with --train: the last rank dies at step K (first attempt only)")
+    parser.add_argument("--crash-how", choices=("raise", "kill"), default="raise",
+                        help="raise an exception, or SIGKILL the process (default: raise)")
+    args = ddplab.parse_chapter_args(parser, argv)
+    if args.world_size is not None and args.world_size < 2:
+        raise ddplab.UsageError("chapter 07 needs --world-size 2 or more (a rank must crash "
+                                "while another one survives)")
+    if args.train and args.ckpt_dir is None:
+        raise ddplab.UsageError("--train needs --ckpt-dir DIR (where checkpoints are kept)")
+    if args.crash_at_step is not None and not args.train:
+        raise ddplab.UsageError("--crash-at-step goes with --train")
+    return args
+
+
+def work_directory(args) -> tuple[Path, bool]:
+    """Where the runs keep their checkpoints, and whether to delete it at the end.
+
+    Under torchrun every rank is its own process: they agree on a directory named after their
+    common parent, the torchrun agent (one machine; several need a shared --ckpt-dir).
+    """
+    if args.ckpt_dir is not None:
+        if args.ckpt_dir.exists() and any(args.ckpt_dir.iterdir()):
+            raise ddplab.UsageError(f"--ckpt-dir {args.ckpt_dir} is not empty: the chapter "
+                                    "needs fresh runs (use --train to resume from it)")
+        return args.ckpt_dir, False
+    if started_by_torchrun():
+        return Path(tempfile.gettempdir()) / f"ddplab-ch07-torchrun-{os.getppid()}", True
+    return Path(tempfile.mkdtemp(prefix="ddplab-ch07-")), True
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    args = parse_args(argv)
+    if args.train:
+        return train_only(args)
+    work, temporary = work_directory(args)
+    try:
+        parts = run_chapter(args, work)
+    finally:
+        if temporary and (not started_by_torchrun() or os.environ.get("RANK") == "0"):
+            shutil.rmtree(work, ignore_errors=True)
+    if not parts:  # a non-zero rank under torchrun
+        return None
+    metrics = parts["metrics"]
+    with ddplab.chapter_output(args.out, CHAPTER) as out:
+        names = ["cost.png"]
+        draw_cost(metrics, out / "cost.png")
+        if "restart" in parts:
+            draw_resume(parts["curves"], parts["crash_at"], parts["checkpoint_at"],
+                        out / "resume.png")
+            draw_restart(parts["restart"], metrics["restart"]["resumed_from_step"],
+                         out / "restart.png")
+            names += ["resume.png", "restart.png"]
+        ddplab.write_results(out, CHAPTER, metrics, parts["provenance"])
+    print(summarize(metrics))
+    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(names)}, results.json}}")
+    return metrics
+
+
+if __name__ == "__main__":
+    sys.exit(ddplab.run_main(main))

@@ -1,0 +1,347 @@
+"""Checkpoints for data-parallel training: written atomically on rank 0, resumed exactly.
+
+Two ways to save, one contract: after a resume the next step computes exactly what it would
+have computed without the interruption.
+
+* ``save_checkpoint`` / ``load_checkpoint``: every rank holds the same model (that is what
+  data parallelism means), so rank 0 alone writes one ``torch.save`` file.  The file appears
+  under its final name only when it is complete (temporary file, fsync, ``os.replace``), and a
+  SHA-256 beside it is the commit record: a checkpoint without one was never finished.
+* ``save_distributed`` / ``load_distributed``: ``torch.distributed.checkpoint`` (DCP), where
+  every rank writes its share into a directory and ``.metadata`` is written last.
+
+What "everything" means (model, optimizer, scheduler, position in the data, every random
+generator) is the training loop's business; this module stores what it is given, and captures
+the random generators, which are per rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DistributedSampler
+
+PREFIX = "step_"
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used; the message is one line: what is wrong, what to do."""
+
+
+@dataclass
+class SaveReport:
+    """What a save cost, measured on rank 0 (``seconds`` maps phase -> seconds)."""
+
+    path: Path
+    bytes: int
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{PREFIX}{step:07d}.pt"  # zero-padded: names sort in step order
+
+
+def checksum_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+# --- random generators: one state per rank ---------------------------------------------------
+
+# --8<-- [start:rng]
+def rng_state(device: torch.device) -> dict:
+    """This rank's generators: torch CPU, CUDA (on GPU), Python's ``random``, numpy's."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    try:
+        import numpy as np
+    except ImportError:
+        return state
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state["numpy"] = (kind, keys.tolist(), pos, has_gauss, gauss)  # plain types: weights_only
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    random.setstate(state["python"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+
+
+def gather_rng_states(device: torch.device) -> list[dict] | None:
+    """Every rank's generator states, gathered on rank 0 (None elsewhere). Collective.
+
+    They differ between ranks whenever ranks draw differently (dropout, augmentation), so
+    saving rank 0's state for everybody would change every other rank's random numbers.
+    """
+    mine = rng_state(device)
+    if not dist.is_initialized():
+        return [mine]
+    states = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(mine, states, dst=0)
+    return states
+
+
+def restore_rng_states(states: list[dict], device: torch.device, source: Path) -> None:
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    if len(states) != world:
+        raise CheckpointError(f"{source} was saved by {len(states)} ranks, this run has {world}: "
+                              "an exact resume needs the same world size")
+    set_rng_state(states[rank], device)
+# --8<-- [end:rng]
+
+
+# --- the position in the data -----------------------------------------------------------------
+
+# --8<-- [start:sampler]
+class ResumableSampler(DistributedSampler):
+    """A DistributedSampler that can start part-way through an epoch.
+
+    ``set_epoch`` alone restarts the epoch from its first batch; a resumed run would see those
+    batches twice and never reach the last ones.  ``start_at(epoch, skip)`` skips the samples
+    this rank already trained on.
+    """
+
+    skip = 0
+
+    def start_at(self, epoch: int, skip: int) -> None:
+        self.set_epoch(epoch)  # the epoch's shuffle is seeded by (seed, epoch): same order
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[int]:
+        return islice(super().__iter__(), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(0, self.num_samples - self.skip)
+# --8<-- [end:sampler]
+
+
+# --- one file, written by rank 0 ----------------------------------------------------------------
+
+# --8<-- [start:save]
+def save_checkpoint(state: dict, directory: Path, step: int, keep_last: int = 3,
+                    ) -> SaveReport | None:
+    """Rank 0 writes ``state`` to ``directory/step_NNNNNNN.pt``; every rank waits until it is done.
+
+    Call it on every rank, with the same ``step``.  Returns rank 0's SaveReport (None elsewhere).
+    """
+    report = None
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        report = _write_atomically(state, Path(directory), step)
+        _prune(Path(directory), keep_last)
+    if dist.is_initialized():
+        dist.barrier()  # nobody runs ahead (or resumes) before the checkpoint exists
+    return report
+
+
+def _write_atomically(state: dict, directory: Path, step: int) -> SaveReport:
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / checkpoint_name(step)
+    tmp = directory / f".{final.name}.tmp-{os.getpid()}"  # same directory: same file system
+    clock = _Clock()
+    try:
+        with open(tmp, "wb") as f:
+            digest = _HashingWriter(f)
+            torch.save(state, digest)
+            clock.lap("serialize")
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+            clock.lap("fsync")
+        os.replace(tmp, final)  # atomic: the old directory entry, or the complete new file
+        _write_text_atomically(checksum_path(final), f"{digest.hexdigest()}  {final.name}\n")
+        _fsync_directory(directory)  # make the renames themselves durable
+        clock.lap("rename")
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a crash (SIGKILL, power) can still leave it: it is ignored
+        raise
+    return SaveReport(final, final.stat().st_size, clock.laps)
+# --8<-- [end:save]
+
+
+class _HashingWriter:
+    """A file object for torch.save that hashes the bytes on their way to the file."""
+
+    def __init__(self, f):
+        self._f = f
+        self._sha = hashlib.sha256()
+
+    def write(self, data) -> int:
+        self._sha.update(data)
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
+class _Clock:
+    def __init__(self):
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = now - self._last
+        self._last = now
+
+
+def _write_text_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _prune(directory: Path, keep_last: int) -> None:
+    for old in list_checkpoints(directory)[:-keep_last]:
+        checksum_path(old).unlink()  # first the commit record: a half-deleted one is not listed
+        old.unlink()
+
+
+# --8<-- [start:load]
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Complete checkpoints (those with a checksum file), oldest first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint directory {directory} does not exist: check the path, "
+                              "or start without resuming")
+    return sorted(p for p in directory.glob(f"{PREFIX}*.pt") if checksum_path(p).is_file())
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    found = list_checkpoints(directory)
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: Path, device: torch.device) -> dict:
+    """Check the file against its SHA-256, then load it with every tensor on ``device``."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if not checksum_path(path).is_file():
+        raise CheckpointError(f"{path} has no {checksum_path(path).name}: it was never completely "
+                              "written; resume from an earlier checkpoint")
+    expected = checksum_path(path).read_text().split()[0]
+    if _sha256(path) != expected:
+        raise CheckpointError(f"{path} is truncated or corrupted ({path.stat().st_size} bytes, "
+                              f"SHA-256 does not match {checksum_path(path).name}); delete both "
+                              "files to resume from the previous checkpoint")
+    try:
+        # map_location: this rank's device, not the device the tensors were saved from.
+        return torch.load(path, map_location=device, weights_only=True)
+    except Exception as err:  # a file whose checksum matches but torch cannot read
+        first = str(err).strip().split("\n")[0][:160]
+        raise CheckpointError(f"{path} cannot be loaded ({type(err).__name__}: {first})") from None
+# --8<-- [end:load]
+
+
+def _sha256(path: Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def load_model_state(model: torch.nn.Module, state: dict, source: Path) -> None:
+    """``model.load_state_dict`` with one clear line when the checkpoint is for another model."""
+    mine = model.state_dict()
+    wrong = [k for k in mine.keys() & state.keys() if mine[k].shape != state[k].shape]
+    if wrong:
+        key = sorted(wrong)[0]
+        raise CheckpointError(
+            f"{source} was saved from a different model: {key} is {list(state[key].shape)} "
+            f"there but {list(mine[key].shape)} here ({len(wrong)} tensor(s) differ in shape)")
+    missing, unexpected = sorted(mine.keys() - state.keys()), sorted(state.keys() - mine.keys())
+    if missing or unexpected:
+        hint = ""
+        if unexpected and all(k.startswith("module.") for k in unexpected):
+            hint = "; it was saved from the DDP wrapper: save model.module.state_dict()"
+        raise CheckpointError(f"{source} does not match this model: missing {missing[:2]}, "
+                              f"unexpected {unexpected[:2]}{hint}")
+    model.load_state_dict(state)
+
+
+# --- torch.distributed.checkpoint: every rank writes its share ----------------------------------
+
+# --8<-- [start:dcp]
+def save_distributed(directory: Path, step: int, model, optimizer, extra: dict,
+                     keep_last: int = 3) -> Path:
+    """DCP: every rank calls this; each writes part of ``directory/step_NNNNNNN/``. Collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    path = Path(directory) / checkpoint_name(step).removesuffix(".pt")
+    model_state, optim_state = get_state_dict(model, optimizer)  # DDP's "module." removed
+    rank = dist.get_rank()
+    state = {"model": model_state, "optimizer": optim_state, "extra": extra,
+             f"rng/rank{rank}": rng_state(_device_of(model))}  # one key per rank
+    dcp.save(state, checkpoint_id=path)  # ends with a collective; .metadata is written last
+    if rank == 0:
+        for old in list_distributed(Path(directory))[:-keep_last]:
+            (old / ".metadata").unlink()  # first the commit record
+            shutil.rmtree(old)
+    dist.barrier()
+    return path
+
+
+def load_distributed(path: Path, model, optimizer, extra: dict) -> dict:
+    """Load in place into ``model``, ``optimizer`` and this rank's generators; returns ``extra``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    device = _device_of(model)
+    model_state, optim_state = get_state_dict(model, optimizer)  # the tensors to load into
+    key = f"rng/rank{dist.get_rank()}"
+    state = {"model": model_state, "optimizer": optim_state, "extra": dict(extra),
+             key: rng_state(device)}
+    try:
+        dcp.load(state, checkpoint_id=path)
+    except Exception as err:
+        first = str(err).strip().split("\n")[0][:160]
+        raise CheckpointError(f"{path} cannot be loaded ({type(err).__name__}: {first})") from None
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])
+    set_rng_state(state[key], device)
+    return state["extra"]
+# --8<-- [end:dcp]
+
+
+def list_distributed(directory: Path) -> list[Path]:
+    """Complete DCP checkpoints (with ``.metadata``), oldest first."""
+    if not Path(directory).is_dir():
+        raise CheckpointError(f"checkpoint directory {directory} does not exist: check the path, "
+                              "or start without resuming")
+    return sorted(p for p in Path(directory).glob(f"{PREFIX}*") if (p / ".metadata").is_file())
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
