@@ -27,7 +27,7 @@ OKABE_ITO = {
 COLORS = {
     "forward": OKABE_ITO["sky"], "backward": OKABE_ITO["blue"], "compute": OKABE_ITO["blue"],
     "comm": OKABE_ITO["orange"], "optimizer": OKABE_ITO["green"], "idle": "#DDDDDD",
-    "wait": OKABE_ITO["grey"], "data": OKABE_ITO["purple"],
+    "wait": OKABE_ITO["grey"], "data": OKABE_ITO["purple"], "eval": OKABE_ITO["vermillion"],
     "local": OKABE_ITO["grey"], "naive": OKABE_ITO["vermillion"],
     "bucketed": OKABE_ITO["blue"], "native": OKABE_ITO["green"],
     "ring": OKABE_ITO["blue"], "naive_allreduce": OKABE_ITO["vermillion"],

@@ -1,0 +1,860 @@
+"""Chapter 06 — bubbles: where data-parallel ranks wait, measured and drawn.
+
+Every rank records what it does and when (forward, backward, each bucket's all-reduce, the
+optimizer step) for native DDP and for ddplab.BucketedDDP; one rank is then made late on
+purpose, by a sweep of delays, and the others' idle time is measured against the delay.  Then
+the other sync points: a loss reduced every step, BatchNorm against SyncBatchNorm, work done on
+rank 0 only, and ranks with different numbers of batches (a hang without Join, a clean finish
+with it).  The two hangs run as their own short jobs that time out on purpose.
+
+Run it:
+    python scripts/chapter06_bubbles.py                     # 2 CPU ranks, started by mp.spawn
+    python scripts/chapter06_bubbles.py --quick             # fewer steps and delays (< 1 min)
+    python scripts/chapter06_bubbles.py --delays 0,25,50 --slow-rank 0
+    torchrun --standalone --nproc-per-node 2 scripts/chapter06_bubbles.py   # hang demos skipped
+    make run-chapter06
+
+Writes figures/chapter06/: timeline_native.png, timeline_bucketed.png, straggler.png,
+straggler_timeline.png, sync_points.png, rank0_work.png, uneven_join.png, the Chrome/Perfetto
+traces trace_native_ddp.json, trace_bucketed_ddp.json, trace_straggler.json (open them at
+https://ui.perfetto.dev), on GPUs also torch.profiler traces profiler_rank<N>.json, and
+results.json (or under --out DIR).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.join import Join
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+
+import ddplab
+from ddplab import stragglers, syncbn, timeline
+from ddplab.launch import default_world_size, started_by_torchrun
+from ddplab.timing import compare, median, slowest_rank, synchronize
+
+CHAPTER = 6
+BUCKET_MB = 0.25          # small buckets: several all-reduces per step, visible on a timeline
+HANG_TIMEOUT_S = 3.0      # how long the two hang demonstrations wait before giving up
+EXPECTED_SLOPE = 1.0      # each ms the late rank loses is one ms every other rank waits
+DELAYS = {"quick": [0, 10, 20, 30, 40], "full": [0, 5, 10, 15, 20, 25, 30, 40]}
+BUBBLE_DELAY_MS = 20.0    # the delay drawn on the straggler timeline
+
+
+# --- models, data, one training step ---------------------------------------------------------
+
+def mlp(width: int = 256, depth: int = 4) -> nn.Sequential:
+    """No buffers, no BatchNorm: the gradient all-reduce is the only collective in a step."""
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+def cnn() -> nn.Sequential:
+    """A small convolutional net with three BatchNorm layers."""
+    def block(c_in: int, c_out: int, stride: int) -> list[nn.Module]:
+        return [nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out),
+                nn.ReLU()]
+    return nn.Sequential(*block(3, 16, 1), *block(16, 32, 2), *block(32, 32, 2),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+
+def rank_batch(ctx: ddplab.RankContext, shape: tuple[int, ...], salt: int = 0):
+    """This rank's own batch (each rank sees different data, as in real training)."""
+    g = torch.Generator().manual_seed(1000 * (salt + 1) + ctx.rank)
+    x = torch.randn(shape, generator=g)
+    y = torch.randint(0, 10, (shape[0],), generator=g)
+    return x.to(ctx.device), y.to(ctx.device)
+
+
+def native_ddp(model: nn.Module, ctx: ddplab.RankContext, **kwargs) -> DDP:
+    model = model.to(ctx.device)
+    ids = {"device_ids": [ctx.local_rank]} if ctx.device.type == "cuda" else {}
+    return DDP(model, bucket_cap_mb=BUCKET_MB, **ids, **kwargs)
+
+
+def wrapped(kind: str, ctx: ddplab.RankContext, tl: timeline.Timeline):
+    """An MLP wrapped by native DDP (timed by a comm hook) or by BucketedDDP (times itself)."""
+    torch.manual_seed(ctx.seed)
+    model = mlp().to(ctx.device)
+    if kind == "bucketed":
+        return ddplab.BucketedDDP(model, bucket_cap_mb=BUCKET_MB, timeline=tl)
+    ddp = native_ddp(model, ctx)
+    ddp.register_comm_hook(None, stragglers.timed_allreduce_hook(tl))
+    return ddp
+
+
+# --8<-- [start:step]
+def train_step(model, opt, x, y, tl: timeline.Timeline, device, late_ms: float = 0.0):
+    """One step, each phase a span on the timeline.  ``late_ms``: this rank is late."""
+    if late_ms:
+        with tl.span(f"late by {late_ms:g} ms", "data"):
+            stragglers.inject_delay(late_ms)
+    with tl.span("forward", "forward"):
+        loss = F.cross_entropy(model(x), y)
+        synchronize(device)  # GPU: wait for the kernels, or the span only measures launching
+    with tl.span("backward", "backward"):
+        loss.backward()      # DDP all-reduces the gradient buckets during this call
+        synchronize(device)
+    with tl.span("optimizer step", "optimizer"):
+        opt.step()
+        opt.zero_grad()
+        synchronize(device)
+    return loss
+# --8<-- [end:step]
+
+
+def sgd(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+# --- 1. timelines ------------------------------------------------------------------------------
+
+def record_timeline(ctx, model: nn.Module, tl: timeline.Timeline, x, y, *, steps: int,
+                    late_ms: float = 0.0, windows: int = 3) -> list[timeline.Event] | None:
+    """A few consecutive steps on one shared clock, all ranks' events on rank 0.
+
+    Other processes share a small machine's cores, and one of them can stall a step; so we
+    record ``windows`` runs of ``steps`` steps and keep the one of median length.
+    """
+    opt = sgd(model)
+    for _ in range(3):  # warm-up: first steps allocate, and native DDP rebuilds its buckets
+        train_step(model, opt, x, y, tl, ctx.device, late_ms)
+    recorded = []
+    for _ in range(windows):
+        dist.barrier()
+        tl.start_clock()
+        for _ in range(steps):
+            train_step(model, opt, x, y, tl, ctx.device, late_ms)
+        recorded.append(timeline.gather_events(tl))
+    if not ctx.is_main:
+        return None
+    return sorted(recorded, key=lambda events: max(e.end_ms for e in events))[windows // 2]
+
+
+def mlp_timeline(ctx, kind: str, steps: int, late_ms: float = 0.0):
+    tl = timeline.Timeline(ctx.rank)
+    x, y = rank_batch(ctx, (64, 256))
+    return record_timeline(ctx, wrapped(kind, ctx, tl), tl, x, y, steps=steps, late_ms=late_ms)
+
+
+def profiler_trace(ctx, steps: int = 2) -> str | None:
+    """GPU only: torch.profiler's own trace of native DDP steps (CUDA kernels, NCCL included).
+
+    On a GPU the host clock shows when work was *launched*; the profiler shows when it ran.
+    """
+    if ctx.device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    tl = timeline.Timeline(ctx.rank, enabled=False)
+    model = wrapped("native", ctx, tl)
+    opt = sgd(model)
+    x, y = rank_batch(ctx, (64, 256))
+    for _ in range(3):
+        train_step(model, opt, x, y, tl, ctx.device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            train_step(model, opt, x, y, tl, ctx.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return path.read_text()
+
+
+# --- 2. stragglers -----------------------------------------------------------------------------
+
+# --8<-- [start:sweep]
+def straggler_sweep(ctx, kind: str, delays: list[float], slow_rank: int, steps: int) -> dict:
+    """For each delay: median step time and idle time of every rank (all ranks get the lists)."""
+    tl = timeline.Timeline(ctx.rank)
+    model = wrapped(kind, ctx, tl)
+    opt = sgd(model)
+    x, y = rank_batch(ctx, (64, 256))
+    mine: dict[str, list[float]] = {"step_ms": [], "idle_ms": [], "wait_span_ms": []}
+    for delay in ddplab.progress(delays, ctx, f"straggler sweep ({kind})"):
+        late = delay if ctx.rank == slow_rank else 0.0
+        for _ in range(2):
+            train_step(model, opt, x, y, tl, ctx.device, late)
+        step_ms, idle_ms, wait_ms = [], [], []
+        for _ in range(steps):
+            dist.barrier()       # every step starts together: the delay is the only skew
+            tl.start_clock()
+            train_step(model, opt, x, y, tl, ctx.device, late)
+            step_ms.append(tl.now())
+            idle_ms.append(stragglers.comm_idle_ms(tl.events, ctx.rank))
+            wait_ms.append(sum(e.duration_ms for e in tl.events if e.cat == "wait"))
+        mine["step_ms"].append(median(step_ms))
+        mine["idle_ms"].append(median(idle_ms))
+        mine["wait_span_ms"].append(median(wait_ms))
+    everyone = [None] * ctx.world_size
+    dist.all_gather_object(everyone, mine)
+    return {"per_rank": everyone}
+# --8<-- [end:sweep]
+
+
+def summarize_sweep(sweep: dict, delays: list[float], slow_rank: int) -> dict:
+    """Fast ranks' mean idle, the step time (as slow as the slowest rank), fitted slopes."""
+    ranks = sweep["per_rank"]
+    fast = [r for i, r in enumerate(ranks) if i != slow_rank]
+    idle_fast = [statistics.fmean(r["idle_ms"][k] for r in fast) for k in range(len(delays))]
+    step = [max(r["step_ms"][k] for r in ranks) for k in range(len(delays))]
+    slope_idle, intercept_idle = stragglers.fit_line(delays, idle_fast)
+    slope_step, intercept_step = stragglers.fit_line(delays, step)
+    summary = {
+        "delay_ms": delays, "step_time_ms": step, "idle_ms_fast_ranks": idle_fast,
+        "idle_ms_slow_rank": ranks[slow_rank]["idle_ms"],
+        "slope_idle": slope_idle, "intercept_idle_ms": intercept_idle,
+        "slope_step_time": slope_step, "intercept_step_time_ms": intercept_step,
+    }
+    if any(any(r["wait_span_ms"]) for r in ranks):  # BucketedDDP times its own wait
+        summary["wait_span_ms_fast_ranks"] = [
+            statistics.fmean(r["wait_span_ms"][k] for r in fast) for k in range(len(delays))]
+    return summary
+
+
+# --- 3. sync points ----------------------------------------------------------------------------
+
+def hook_cost(ctx, rounds: int) -> dict:
+    """What replacing DDP's built-in (C++) all-reduce by a Python hook costs, and whether the
+    numbers change: torch's own Python ``allreduce_hook``, and our timing hook."""
+    models = {}
+    for name in ("built_in", "python_allreduce_hook", "timing_hook"):
+        torch.manual_seed(ctx.seed)   # the same initial weights for all three
+        if name == "timing_hook":
+            models[name] = wrapped("native", ctx, timeline.Timeline(ctx.rank))
+            continue
+        models[name] = native_ddp(mlp(), ctx)
+        if name == "python_allreduce_hook":
+            models[name].register_comm_hook(None, default_hooks.allreduce_hook)
+    opts = {name: sgd(m) for name, m in models.items()}
+    x, y = rank_batch(ctx, (64, 256))
+    quiet = timeline.Timeline(ctx.rank, enabled=False)
+
+    def step(name):
+        return lambda: train_step(models[name], opts[name], x, y, quiet, ctx.device)
+    samples = compare({name: step(name) for name in models}, rounds=rounds, warmup=3,
+                      device=ctx.device)
+    diff = max((a - b).abs().max().item() for other in ("python_allreduce_hook", "timing_hook")
+               for a, b in zip(models["built_in"].parameters(), models[other].parameters(),
+                               strict=True))
+    return {"step_time_ms": {k: median(v) for k, v in samples.items()},
+            "max_abs_diff_params": slowest_rank(diff)}
+
+
+# --8<-- [start:metric]
+def reduce_loss_every_step(loss: torch.Tensor) -> float:
+    """The common logging pattern: average the loss over ranks, every step, for printing."""
+    averaged = loss.detach().clone()
+    dist.all_reduce(averaged)   # a blocking collective: every rank must arrive
+    return averaged.item() / dist.get_world_size()  # .item(): on a GPU, a host-device sync too
+# --8<-- [end:metric]
+
+
+def metric_reduction(ctx, rounds: int) -> dict:
+    """Step time with and without the per-step loss all-reduce, and the time inside it."""
+    torch.manual_seed(ctx.seed)
+    model = native_ddp(mlp(), ctx)
+    opt = sgd(model)
+    x, y = rank_batch(ctx, (64, 256))
+    quiet, tl = timeline.Timeline(ctx.rank, enabled=False), timeline.Timeline(ctx.rank)
+
+    def plain():
+        return train_step(model, opt, x, y, quiet, ctx.device)
+
+    def logged():
+        loss = plain()
+        with tl.span("loss all-reduce", "comm"):
+            reduce_loss_every_step(loss)
+    samples = compare({"without": plain, "with": logged}, rounds=rounds, warmup=3,
+                      device=ctx.device)
+    return {"step_time_ms": {k: median(v) for k, v in samples.items()},
+            "reduce_ms": median([e.duration_ms for e in tl.events]),
+            "collectives_per_step": {"without": stragglers.count_collectives(plain),
+                                     "with": stragglers.count_collectives(logged)}}
+
+
+def sync_batchnorm(model: nn.Module, device: torch.device, tl: timeline.Timeline | None):
+    """Native SyncBatchNorm on GPUs; on CPU ddplab's, which can also time its collectives
+    (the native one refuses CPU tensors)."""
+    if device.type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return syncbn.convert_sync_batchnorm(model, timeline=tl)
+
+
+def native_syncbn_on_cpu() -> str | None:
+    """What native DDP says when handed a CPU model with torch.nn.SyncBatchNorm in it."""
+    if dist.get_backend() != "gloo":
+        return None
+    try:
+        DDP(nn.SyncBatchNorm.convert_sync_batchnorm(cnn()))
+    except ValueError as err:
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+# --8<-- [start:full_batch_check]
+def diff_to_full_batch(ctx, model: DDP, x, y) -> float:
+    """Largest gradient difference between DDP on shards and one process on the whole batch.
+
+    SyncBatchNorm must match it to rounding; plain BatchNorm normalises each shard with its
+    own statistics, so it does not.
+    """
+    reference = cnn().to(ctx.device)                 # plain BatchNorm, one process, all data
+    reference.load_state_dict(model.module.state_dict())
+    xs = [torch.empty_like(x) for _ in range(ctx.world_size)]
+    ys = [torch.empty_like(y) for _ in range(ctx.world_size)]
+    dist.all_gather(xs, x)
+    dist.all_gather(ys, y)
+    F.cross_entropy(reference(torch.cat(xs)), torch.cat(ys)).backward()
+    F.cross_entropy(model(x), y).backward()          # DDP: mean over my shard, then averaged
+    diff = max((a.grad - b.grad).abs().max().item()
+               for a, b in zip(model.parameters(), reference.parameters(), strict=True))
+    model.zero_grad()
+    return slowest_rank(diff)                        # the worst rank's difference
+# --8<-- [end:full_batch_check]
+
+
+def bn_models(ctx, tl: timeline.Timeline | None) -> dict[str, DDP]:
+    models = {}
+    for name in ("bn", "syncbn"):
+        torch.manual_seed(ctx.seed)
+        net = cnn() if name == "bn" else sync_batchnorm(cnn(), ctx.device, tl)
+        models[name] = native_ddp(net, ctx)
+    return models
+
+
+def batchnorm_vs_syncbn(ctx, rounds: int) -> dict:
+    """Step times, collectives per step, time inside SyncBatchNorm's collectives, and the
+    gradient check against one process that sees the whole batch."""
+    x, y = rank_batch(ctx, (16, 3, 32, 32), salt=1)
+    tl = timeline.Timeline(ctx.rank)
+    models = bn_models(ctx, tl)
+    quiet = timeline.Timeline(ctx.rank, enabled=False)
+    opts = {name: sgd(m) for name, m in models.items()}
+    diffs = {name: diff_to_full_batch(ctx, m, x, y) for name, m in models.items()}
+
+    def step(name):
+        return lambda: train_step(models[name], opts[name], x, y, quiet, ctx.device)
+    samples = compare({name: step(name) for name in models}, rounds=rounds, warmup=3,
+                      device=ctx.device)
+    in_syncbn = []
+    for _ in range(rounds):
+        dist.barrier()
+        tl.start_clock()
+        step("syncbn")()
+        in_syncbn.append(sum(e.duration_ms for e in tl.events))
+    return {"step_time_ms": {k: median(v) for k, v in samples.items()},
+            "syncbn_collectives_ms": median(in_syncbn) if tl.events else None,
+            "collectives_per_step": {k: stragglers.count_collectives(step(k)) for k in models},
+            "max_abs_grad_diff_vs_full_batch": diffs,
+            "implementation": ("torch.nn.SyncBatchNorm" if ctx.device.type == "cuda"
+                               else "ddplab.syncbn.SyncBatchNorm"),
+            "native_on_cpu_error": native_syncbn_on_cpu()}
+
+
+def syncbn_timeline(ctx, late_ms: float, steps: int = 2):
+    """SyncBatchNorm under native DDP with one late rank: where does the on-time rank wait?"""
+    tl = timeline.Timeline(ctx.rank)
+    model = bn_models(ctx, tl)["syncbn"]
+    model.register_comm_hook(None, stragglers.timed_allreduce_hook(tl))
+    stragglers.time_ddp_pre_forward(model, tl)
+    x, y = rank_batch(ctx, (16, 3, 32, 32), salt=1)
+    return record_timeline(ctx, model, tl, x, y, steps=steps, late_ms=late_ms)
+
+
+# --8<-- [start:rank0_work]
+def evaluate_and_save(model: nn.Module, batches, device) -> None:
+    """What rank 0 typically does alone between steps: evaluate, then checkpoint."""
+    with torch.no_grad():
+        for x, _ in batches:
+            model(x)
+    torch.save(model.state_dict(), io.BytesIO())
+    synchronize(device)
+
+
+def rank0_work(ctx, steps: int = 4, after_step: int = 1):
+    tl = timeline.Timeline(ctx.rank)
+    model = wrapped("native", ctx, tl)
+    opt = sgd(model)
+    x, y = rank_batch(ctx, (64, 256))
+    val = [rank_batch(ctx, (64, 256), salt=2 + i) for i in range(40)]
+    for _ in range(3):
+        train_step(model, opt, x, y, tl, ctx.device)
+    dist.barrier()
+    tl.start_clock()
+    for step in range(steps):
+        train_step(model, opt, x, y, tl, ctx.device)
+        if step == after_step and ctx.rank == 0:   # the other ranks go straight on
+            with tl.span("evaluate + save (rank 0 only)", "eval"):
+                evaluate_and_save(model.module, val, ctx.device)
+    return timeline.gather_events(tl)
+# --8<-- [end:rank0_work]
+
+
+# --- 4. uneven inputs --------------------------------------------------------------------------
+
+DATASET_SIZE, BATCH = 101, 10  # 101 samples: no way to give 2 ranks the same number
+
+
+# --8<-- [start:uneven_shards]
+def my_batches(ctx) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A hand-made shard: every world_size-th sample, cut into batches.  101 samples on 2
+    ranks: rank 0 gets 51 (6 batches), rank 1 gets 50 (5 batches)."""
+    g = torch.Generator().manual_seed(7)
+    xs, ys = torch.randn(DATASET_SIZE, 32, generator=g), torch.randint(0, 4, (DATASET_SIZE,),
+                                                                        generator=g)
+    mine = list(range(ctx.rank, DATASET_SIZE, ctx.world_size))
+    return [(xs[mine[i:i + BATCH]].to(ctx.device), ys[mine[i:i + BATCH]].to(ctx.device))
+            for i in range(0, len(mine), BATCH)]
+# --8<-- [end:uneven_shards]
+
+
+def small_model(ctx) -> DDP:
+    torch.manual_seed(ctx.seed)
+    return native_ddp(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)), ctx)
+
+
+# --8<-- [start:join]
+def train_with_join(ctx, model: DDP, tl: timeline.Timeline) -> int:
+    """Uneven batches, finished cleanly: a rank that runs out joins, and shadows the others'
+    collectives (zeros for its gradients) until every rank is done."""
+    opt = sgd(model)
+    batches = my_batches(ctx)
+    with Join([model]):
+        for x, y in batches:
+            train_step(model, opt, x, y, tl, ctx.device)
+        out_of_data = tl.now()
+    tl.add("joined: shadowing the others' all-reduces", "join", out_of_data, tl.now())
+    return len(batches)
+# --8<-- [end:join]
+
+
+# --8<-- [start:throw]
+def train_with_join_that_throws(ctx) -> str:
+    """``throw_on_early_termination=True``: every rank raises as soon as one runs out."""
+    model = small_model(ctx)
+    opt = sgd(model)
+    quiet = timeline.Timeline(ctx.rank, enabled=False)
+    done = 0
+    try:
+        with model.join(throw_on_early_termination=True):
+            for x, y in my_batches(ctx):
+                train_step(model, opt, x, y, quiet, ctx.device)
+                done += 1
+    except RuntimeError as err:
+        return f"raised after {done} steps: {err}"
+    return f"finished all {done} steps"
+# --8<-- [end:throw]
+
+
+def join_collectives_per_step(ctx) -> dict:
+    """What Join costs while every rank still has data: the collectives of one step."""
+    counts = {}
+    for name in ("without_join", "with_join"):
+        model = small_model(ctx)
+        opt = sgd(model)
+        x, y = my_batches(ctx)[0]
+        quiet = timeline.Timeline(ctx.rank, enabled=False)
+
+        def step(model=model, opt=opt, x=x, y=y, quiet=quiet):
+            return train_step(model, opt, x, y, quiet, ctx.device)
+        for _ in range(3):
+            step()
+        if name == "with_join":
+            with Join([model]):
+                counts[name] = stragglers.count_collectives(step)
+        else:
+            counts[name] = stragglers.count_collectives(step)
+    return counts
+
+
+def replicas_equal(model: nn.Module) -> float:
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    rank0 = flat.clone()
+    dist.broadcast(rank0, src=0)
+    return slowest_rank((flat - rank0).abs().max().item())
+
+
+# --8<-- [start:sampler]
+def sampler_counts(world_size: int) -> dict:
+    """DistributedSampler makes the shards even: by repeating samples, or by dropping them."""
+    counts = {}
+    for drop_last in (False, True):
+        shards = [list(DistributedSampler(range(DATASET_SIZE), num_replicas=world_size,
+                                          rank=r, shuffle=True, seed=0, drop_last=drop_last))
+                  for r in range(world_size)]
+        seen = [i for shard in shards for i in shard]
+        counts["drop_last" if drop_last else "padded"] = {
+            "samples_per_rank": [len(s) for s in shards],
+            "batches_per_rank": [-(-len(s) // BATCH) for s in shards],
+            "repeated_samples": len(seen) - len(set(seen)),
+            "dropped_samples": DATASET_SIZE - len(set(seen)),
+        }
+    return counts
+# --8<-- [end:sampler]
+
+
+def uneven_inputs(ctx) -> dict:
+    tl = timeline.Timeline(ctx.rank)
+    model = small_model(ctx)
+    dist.barrier()
+    tl.start_clock()
+    batches = train_with_join(ctx, model, tl)
+    events = timeline.gather_events(tl)
+    everyone = [None] * ctx.world_size
+    dist.all_gather_object(everyone, {"batches": batches,
+                                      "throw": train_with_join_that_throws(ctx)})
+    return {"events": events, "batches_per_rank": [e["batches"] for e in everyone],
+            "join_max_abs_diff_params": replicas_equal(model),
+            "throw_on_early_termination": [e["throw"] for e in everyone],
+            "sampler": sampler_counts(ctx.world_size)}
+
+
+# --- 5. the two hangs (each its own short job) ---------------------------------------------------
+
+# --8<-- [start:rank0_trap]
+def evaluate_averaged(model: nn.Module, batches) -> float:
+    """An evaluation written for *all* ranks: it averages the metric over them."""
+    with torch.no_grad():
+        loss = torch.stack([F.cross_entropy(model(x), y) for x, y in batches]).mean()
+    dist.all_reduce(loss)          # every rank of the group must call this
+    return loss.item() / dist.get_world_size()
+
+
+def rank0_only_collective(ctx, args) -> None:
+    """The trap: the evaluation runs on rank 0 only, but it contains a collective."""
+    model, batches = small_model(ctx), my_batches(ctx)
+    opt = sgd(model)
+    quiet = timeline.Timeline(ctx.rank, enabled=False)
+    for epoch in range(3):
+        for x, y in batches[:4]:
+            train_step(model, opt, x, y, quiet, ctx.device)
+        if ctx.rank == 0:
+            val = evaluate_averaged(model.module, batches[:2])  # waits for the others...
+            print(f"epoch {epoch}: validation loss {val:.3f}")
+        dist.barrier()  # ...who wait here for rank 0: neither collective can ever complete
+# --8<-- [end:rank0_trap]
+
+
+# --8<-- [start:no_join]
+def uneven_without_join(ctx, args) -> None:
+    """Uneven batches, no Join: the rank with fewer batches reaches the barrier before the
+    final save while the other waits for it in the gradient all-reduce of its extra step."""
+    model = small_model(ctx)
+    opt = sgd(model)
+    quiet = timeline.Timeline(ctx.rank, enabled=False)
+    for x, y in my_batches(ctx):
+        train_step(model, opt, x, y, quiet, ctx.device)
+    dist.barrier()  # everyone done before rank 0 saves the model
+    if ctx.rank == 0:
+        torch.save(model.module.state_dict(), io.BytesIO())
+# --8<-- [end:no_join]
+
+
+def run_hang_demo(worker, args) -> dict:
+    """Run ``worker`` as its own job with a short timeout, expecting it to fail."""
+    if started_by_torchrun():
+        return {"what_happened": "skipped under torchrun: there the processes are the ranks, "
+                                 "and a job that hangs on purpose would end the run; run the "
+                                 "script with python to see it", "timed_out": None}
+    demo = copy.copy(args)
+    demo.timeout = HANG_TIMEOUT_S
+    start = time.perf_counter()
+    try:
+        ddplab.launch(worker, demo)
+    except ddplab.RankFailed as err:
+        timed_out = "timed out" in str(err).lower()
+        return {"what_happened": (f"timeout after {HANG_TIMEOUT_S:g} s" if timed_out
+                                  else "failed without a timeout"),
+                "error": str(err), "stuck_in": where_it_waited(err.details),
+                "timed_out": timed_out, "timeout_s": HANG_TIMEOUT_S,
+                "seconds_including_startup": time.perf_counter() - start}
+    return {"what_happened": "finished: it did not hang", "timed_out": False,
+            "seconds_including_startup": time.perf_counter() - start}
+
+
+def where_it_waited(details: str) -> str:
+    """The last line of this script in a traceback: where the failing rank was waiting."""
+    lines = details.splitlines()
+    here = [i for i, line in enumerate(lines) if Path(__file__).name in line]
+    if not here or here[-1] + 1 >= len(lines):
+        return "unknown"
+    i = here[-1]
+    function = lines[i].rsplit(" in ", 1)[-1]
+    code = lines[i + 1].split("  #", 1)[0].strip()  # without the comment
+    return f"{function}(): {code}"
+
+
+# --- the worker --------------------------------------------------------------------------------
+
+def worker(ctx: ddplab.RankContext, args) -> dict | None:
+    quick = ctx.quick
+    steps = 8 if quick else 25
+    rounds = 15 if quick else 60
+    slow_rank = args.slow_rank if args.slow_rank is not None else ctx.world_size - 1
+    late = BUBBLE_DELAY_MS if ctx.rank == slow_rank else 0.0
+    result = {"timelines": {kind: mlp_timeline(ctx, kind, steps=3)
+                            for kind in ("native", "bucketed")},
+              "bubble": mlp_timeline(ctx, "native", steps=2, late_ms=late),
+              "sweeps": {kind: straggler_sweep(ctx, kind, args.delays, slow_rank, steps)
+                         for kind in ("native", "bucketed")},
+              "hook": hook_cost(ctx, rounds),
+              "metric": metric_reduction(ctx, rounds),
+              "syncbn": batchnorm_vs_syncbn(ctx, max(6, rounds // 2)),
+              "syncbn_timeline": syncbn_timeline(ctx, late),
+              "join_collectives": join_collectives_per_step(ctx),
+              "rank0_work": rank0_work(ctx),
+              "uneven": uneven_inputs(ctx),
+              "slow_rank": slow_rank}
+    trace = profiler_trace(ctx)
+    if trace is not None:
+        traces = [None] * ctx.world_size
+        dist.all_gather_object(traces, trace)
+        result["profiler_traces"] = traces
+    return result if ctx.is_main else None
+
+
+# --- drawing and reporting (rank 0 / the launching process) -------------------------------------
+
+def with_idle(events: list[timeline.Event]) -> list[timeline.Event]:
+    """The events plus one 'idle' span per backward: the bubble, drawn on top."""
+    return events + stragglers.idle_events(events)
+
+
+LEGEND = {"comm": "all-reduce (comm)", "data": "late: injected delay",
+          "idle": "idle: waiting for others", "wait": "waiting (measured by the wrapper)",
+          "eval": "rank 0 only: evaluate + save", "join": "joined: shadowing the others"}
+
+
+def draw_timeline(events, path: Path, title: str, lanes: tuple[str, ...] = ("comm",)) -> None:
+    from ddplab import plotting
+
+    ranks = len({e.rank for e in events})
+    fig, ax = plotting.figure(height=1.0 + 0.4 * ranks * (1 + len(lanes)))
+    on_top = sorted(events, key=lambda e: e.cat in ("wait", "idle"))  # drawn over backward
+    timeline.draw_gantt(ax, on_top, lanes=list(lanes), title=title)
+    ax.set_xlabel("time (ms)")
+    for text in ax.get_legend().get_texts():
+        text.set_text(LEGEND.get(text.get_text(), text.get_text()))
+    plotting.save(fig, path)
+
+
+def draw_straggler(summaries: dict, path: Path) -> None:
+    from ddplab import plotting
+
+    fig, (left, right) = plotting.figure(1, 2, height=3.4)
+    styles = {"native": ("native DDP", plotting.COLORS["native"], "o"),
+              "bucketed": ("BucketedDDP", plotting.COLORS["bucketed"], "s")}
+    for kind, s in summaries.items():
+        label, color, marker = styles[kind]
+        d = s["delay_ms"]
+        left.plot(d, s["step_time_ms"], marker=marker, color=color, label=label)
+        right.plot(d, s["idle_ms_fast_ranks"], marker=marker, color=color,
+                   label=f"{label}, on time ranks")
+        right.plot(d, s["idle_ms_slow_rank"], marker=marker, color=color, linestyle=":",
+                   label=f"{label}, the late rank")
+    native = summaries["native"]
+    d = native["delay_ms"]
+    for ax, key in ((left, "step_time_ms"), (right, "idle_ms_fast_ranks")):
+        base = native[key][0]
+        ax.plot(d, [base + EXPECTED_SLOPE * x for x in d], color=plotting.OKABE_ITO["grey"],
+                linestyle="--", label="expected: slope 1 from d = 0")
+        ax.set_xlabel("delay d injected on one rank (ms per step)")
+    left.set_ylabel("step time, slowest rank (ms)")
+    right.set_ylabel("idle time per step (ms)")
+    left.set_title("Every rank's step gets d ms longer")
+    right.set_title("The on-time ranks wait d ms more")
+    left.legend(fontsize=8)
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    plotting.save(fig, path)
+
+
+def draw_sync_points(bn: dict, path: Path) -> None:
+    """BatchNorm against SyncBatchNorm: step time, the part spent in SyncBN's collectives."""
+    from ddplab import plotting
+
+    fig, ax = plotting.figure(height=2.6)
+    labels = {"bn": "BatchNorm", "syncbn": "SyncBatchNorm"}
+    times = bn["step_time_ms"]
+    in_comm = {"bn": 0.0, "syncbn": bn["syncbn_collectives_ms"] or 0.0}
+    names = list(labels)
+    rest = [times[n] - in_comm[n] for n in names]
+    ax.barh([labels[n] for n in names], rest, color=plotting.COLORS["backward"], height=0.5,
+            label="rest of the step (compute, DDP's overlapped buckets)")
+    ax.barh([labels[n] for n in names], [in_comm[n] for n in names], left=rest,
+            color=plotting.COLORS["comm"], height=0.5,
+            label="inside SyncBatchNorm's blocking all-reduces")
+    for i, n in enumerate(names):
+        calls = sum(bn["collectives_per_step"][n].values())
+        ax.annotate(f" {times[n]:.1f} ms, {calls} collectives per step", (times[n], i),
+                    va="center", fontsize=9)
+    ax.set_xlim(0, max(times.values()) * 1.6)
+    ax.invert_yaxis()
+    ax.set_xlabel("median step time (ms)")
+    ax.set_title("A small CNN with 3 BatchNorm layers, native DDP")
+    ax.grid(axis="y", visible=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=2, fontsize=8)
+    plotting.save(fig, path)
+
+
+def rank0_work_numbers(events, after_step: int = 1) -> dict:
+    """rank 0's evaluate+save time, and how long the others then waited in the next step."""
+    work = next(e for e in events if e.cat == "eval")
+    idle = stragglers.idle_events(events)
+    others = [e for e in idle if e.rank != 0]
+    nxt = [sorted((e for e in others if e.rank == r), key=lambda e: e.start_ms)[after_step + 1]
+           for r in sorted({e.rank for e in others})]
+    return {"eval_ms": work.duration_ms,
+            "idle_ms_other_ranks": statistics.fmean(e.duration_ms for e in nxt)}
+
+
+def write_traces(out: Path, result: dict) -> list[str]:
+    files = {"trace_native_ddp.json": with_idle(result["timelines"]["native"]),
+             "trace_bucketed_ddp.json": result["timelines"]["bucketed"],
+             "trace_straggler.json": with_idle(result["bubble"])}
+    for name, events in files.items():
+        timeline.write_chrome_trace(out / name, events)
+    names = list(files)
+    for rank, trace in enumerate(result.get("profiler_traces", [])):
+        name = f"profiler_rank{rank}.json"
+        (out / name).write_text(trace)
+        names.append(name)
+    return names
+
+
+def parse_delays(text: str | None, quick: bool) -> list[float]:
+    if text is None:
+        return [float(d) for d in DELAYS["quick" if quick else "full"]]
+    try:
+        delays = [float(d) for d in text.split(",")]
+    except ValueError:
+        raise ddplab.UsageError(f"--delays {text!r}: give milliseconds separated by commas, "
+                                "e.g. 0,10,20,40") from None
+    if len(delays) < 2 or min(delays) < 0:
+        raise ddplab.UsageError(f"--delays {text!r}: need at least two delays, none negative")
+    return delays
+
+
+def parse_args(argv: list[str] | None = None):
+    parser = ddplab.chapter_parser(__doc__, prog="chapter06_bubbles.py")
+    parser.add_argument("--delays", default=None, metavar="MS,MS,...",
+                        help="delays to inject on the late rank, in ms (default: "
+                             f"{','.join(map(str, DELAYS['full']))}; with --quick "
+                             f"{','.join(map(str, DELAYS['quick']))})")
+    parser.add_argument("--slow-rank", type=int, default=None, metavar="R",
+                        help="which rank is late (default: the last one)")
+    args = ddplab.parse_chapter_args(parser, argv)
+    args.delays = parse_delays(args.delays, args.quick)
+    world = (int(os.environ["WORLD_SIZE"]) if started_by_torchrun()
+             else args.world_size or default_world_size())
+    if world < 2:
+        raise ddplab.UsageError("chapter 06 needs at least 2 ranks (--world-size 2): "
+                                "a bubble is one rank waiting for another")
+    if args.slow_rank is not None and not 0 <= args.slow_rank < world:
+        raise ddplab.UsageError(f"--slow-rank {args.slow_rank}: ranks are 0..{world - 1}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    args = parse_args(argv)
+    run = ddplab.launch(worker, args)
+    if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
+        return None
+    result = run.result
+    hangs = {"rank0_only_collective": run_hang_demo(rank0_only_collective, args),
+             "uneven_without_join": run_hang_demo(uneven_without_join, args)}
+    slow = result["slow_rank"]
+    sweeps = {kind: summarize_sweep(s, args.delays, slow) for kind, s in result["sweeps"].items()}
+    uneven = result["uneven"]
+    join_completed = (len(uneven["batches_per_rank"]) == run.provenance["world_size"]
+                      and uneven["join_max_abs_diff_params"] == 0.0)
+    no_join = hangs["uneven_without_join"]
+    with ddplab.chapter_output(args.out, CHAPTER) as out:
+        draw_timeline(with_idle(result["timelines"]["native"]), out / "timeline_native.png",
+                      "Native DDP, 3 steps (bucket times from a comm hook)")
+        draw_timeline(result["timelines"]["bucketed"], out / "timeline_bucketed.png",
+                      "BucketedDDP, 3 steps (its own timeline; grey: waiting for buckets)")
+        draw_timeline(with_idle(result["bubble"]), out / "straggler_timeline.png",
+                      f"Rank {slow} is {BUBBLE_DELAY_MS:g} ms late every step (native DDP)")
+        draw_straggler(sweeps, out / "straggler.png")
+        draw_sync_points(result["syncbn"], out / "sync_points.png")
+        draw_timeline(result["syncbn_timeline"], out / "syncbn_timeline.png",
+                      f"SyncBatchNorm, rank {slow} {BUBBLE_DELAY_MS:g} ms late: the others "
+                      "wait in the forward pass")
+        draw_timeline(with_idle(result["rank0_work"]), out / "rank0_work.png",
+                      "Rank 0 evaluates and saves after step 2; the others wait in step 3")
+        draw_timeline(uneven["events"], out / "uneven_join.png",
+                      "Uneven inputs with Join: the rank that runs out shadows the others",
+                      lanes=())
+        traces = write_traces(out, result)
+        metrics = {
+            "straggler": {**sweeps["native"], "slow_rank": slow,
+                          "expected_slope": EXPECTED_SLOPE, "bucketed": sweeps["bucketed"]},
+            "syncbn": {k: v for k, v in result["syncbn"].items()},
+            "sync_points": {"metric_reduction": result["metric"],
+                            "rank0_work": rank0_work_numbers(result["rank0_work"]),
+                            "rank0_only_collective": hangs["rank0_only_collective"]},
+            "hook": result["hook"],
+            "uneven": {"join_completed": join_completed,
+                       "without_join": no_join["what_happened"],
+                       "without_join_demo": no_join,
+                       "batches_per_rank": uneven["batches_per_rank"],
+                       "join_max_abs_diff_params": uneven["join_max_abs_diff_params"],
+                       "collectives_per_step": result["join_collectives"],
+                       "throw_on_early_termination": uneven["throw_on_early_termination"],
+                       "sampler": uneven["sampler"]},
+            "timeline_source": ("torch.profiler (profiler_rank*.json) and ddplab.Timeline"
+                                if "profiler_traces" in result else
+                                "ddplab.Timeline (host clock, perf_counter)"),
+            "buckets_per_step": {kind: len({e.name for e in ev if e.cat == "comm"})
+                                 for kind, ev in result["timelines"].items()},
+            "trace_files": traces,
+        }
+        ddplab.write_results(out, CHAPTER, metrics, run.provenance)
+    print(summarize(metrics))
+    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/ (8 figures, {len(traces)} traces, "
+          "results.json); open the traces at https://ui.perfetto.dev")
+    return metrics
+
+
+def summarize(m: dict) -> str:
+    s = m["straggler"]
+    lines = [f"straggler (rank {s['slow_rank']} late by d ms), native DDP:",
+             "   d (ms)  step (ms)  idle on-time ranks (ms)  idle late rank (ms)"]
+    for d, t, i, j in zip(s["delay_ms"], s["step_time_ms"], s["idle_ms_fast_ranks"],
+                          s["idle_ms_slow_rank"], strict=True):
+        lines.append(f"   {d:6.1f}  {t:9.2f}  {i:23.2f}  {j:19.2f}")
+    lines.append(f"   slope of idle vs d: {s['slope_idle']:.3f} native, "
+                 f"{s['bucketed']['slope_idle']:.3f} BucketedDDP (expected {EXPECTED_SLOPE:g})")
+    b = m["syncbn"]["step_time_ms"]
+    lines.append(f"BatchNorm {b['bn']:.2f} ms/step, SyncBatchNorm {b['syncbn']:.2f} ms/step")
+    r = m["sync_points"]["rank0_work"]
+    lines.append(f"rank 0 evaluate+save {r['eval_ms']:.1f} ms; the others waited "
+                 f"{r['idle_ms_other_ranks']:.1f} ms")
+    u = m["uneven"]
+    lines.append(f"uneven inputs {u['batches_per_rank']} batches: with Join "
+                 f"{'completed' if u['join_completed'] else 'FAILED'}; without Join: "
+                 f"{u['without_join']}")
+    lines.append(f"collective on rank 0 only: "
+                 f"{m['sync_points']['rank0_only_collective']['what_happened']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(ddplab.run_main(main))

@@ -1,0 +1,159 @@
+"""Where ranks wait: a late rank, the time the others spend idle, and how to measure both.
+
+A data-parallel step ends with a collective (the gradient all-reduce), so every rank finishes the
+step when the *slowest* one does.  The others sit idle in the all-reduce: a *bubble*.  This
+module makes that measurable:
+
+* ``inject_delay``: make one rank late on purpose (a slow data loader, a busier GPU);
+* ``timed_allreduce_hook``: a native-DDP communication hook that averages gradients exactly like
+  DDP's built-in one and records each bucket's all-reduce on a ``Timeline``;
+* ``comm_idle_ms``: from one step's events, the time a rank spent waiting for communication
+  after its own gradients were ready;
+* ``fit_line``: the slope of idle time (or step time) against the injected delay;
+* ``count_collectives``: which collectives one step really issues (torch.profiler's view).
+"""
+
+# No ``from __future__ import annotations`` here: DDP checks a comm hook's annotations, and
+# would reject them as strings.
+import os
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from .timeline import Event, Timeline
+
+
+# --8<-- [start:inject_delay]
+def inject_delay(delay_ms: float) -> None:
+    """Be late by ``delay_ms``: what a slow data loader or a slower GPU does to one rank.
+
+    ``sleep`` rather than busy work, so the late rank does not take CPU time from the others:
+    on a small CPU machine, busy work would slow every rank and blur what we want to see.
+    """
+    if delay_ms > 0:
+        time.sleep(delay_ms / 1e3)
+# --8<-- [end:inject_delay]
+
+
+# --8<-- [start:hook]
+def timed_allreduce_hook(timeline: Timeline) -> Callable:
+    """A DDP communication hook: average a bucket with one all-reduce, and time it.
+
+    ``ddp.register_comm_hook(None, timed_allreduce_hook(timeline))`` *replaces* DDP's built-in
+    all-reduce (a hook can be registered once, before the first backward).  DDP calls the hook
+    when a bucket's gradients are all ready; the hook must start the communication and return a
+    Future holding the averaged bucket.  The span starts when the bucket is handed to the
+    backend and ends when the all-reduce has completed (the ``then`` callback runs on the
+    backend's thread at that moment; on a GPU it would only mean "enqueued": see the page).
+    """
+    def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        start = timeline.now()
+        group = state if state is not None else dist.group.WORLD
+        grads = bucket.buffer().div_(dist.get_world_size(group))  # average = sum of grad / N
+        future = dist.all_reduce(grads, group=group, async_op=True).get_future()
+
+        def record(done: torch.futures.Future) -> torch.Tensor:
+            timeline.add(f"bucket {bucket.index()}", "comm", start, timeline.now(),
+                         bytes=grads.numel() * grads.element_size())
+            return done.value()[0]
+        return future.then(record)
+    return hook
+# --8<-- [end:hook]
+
+
+def time_ddp_pre_forward(ddp: torch.nn.Module, timeline: Timeline) -> None:
+    """Record what native DDP does before it runs the module's forward, as a ``comm`` span.
+
+    With ``broadcast_buffers=True`` (the default) and a model with buffers (BatchNorm's running
+    statistics), that is a broadcast from rank 0 in *every* forward: a sync point at the very
+    start of the step.  Two hooks bracket it: one on the DDP wrapper, one on the inner module.
+    """
+    started: list[float] = []
+    ddp.register_forward_pre_hook(lambda module, args: started.append(timeline.now()))
+    ddp.module.register_forward_pre_hook(lambda module, args: timeline.add(
+        "DDP pre-forward: broadcast buffers", "comm", started.pop(), timeline.now()))
+
+
+# --8<-- [start:idle]
+def comm_idle_ms(events: list[Event], rank: int) -> float:
+    """How long ``rank`` waited for communication in the one step that ``events`` hold.
+
+    The last bucket is handed to the network the moment this rank's last gradient is ready:
+    from then on it has nothing left to compute.  Everything until ``backward()`` returns is
+    waiting — for the network, and for any rank that is later than this one.
+    """
+    mine = [e for e in events if e.rank == rank]
+    backward = next(e for e in mine if e.cat == "backward")
+    launches = [e.start_ms for e in mine if e.cat == "comm"
+                and backward.start_ms <= e.start_ms <= backward.end_ms]
+    if not launches:
+        raise ValueError(f"rank {rank}: no bucket all-reduce started during backward; "
+                         "was the model wrapped with a timeline?")
+    return backward.end_ms - max(launches)
+# --8<-- [end:idle]
+
+
+def idle_events(events: list[Event]) -> list[Event]:
+    """One ``idle`` span per rank and backward pass (for drawing the bubble on a Gantt chart)."""
+    spans = []
+    for rank in sorted({e.rank for e in events}):
+        for backward in (e for e in events if e.rank == rank and e.cat == "backward"):
+            inside = [e for e in events if e.rank == rank and backward.start_ms <= e.start_ms
+                      <= backward.end_ms]
+            idle = comm_idle_ms(inside, rank)
+            spans.append(Event("waiting for communication", "idle", backward.end_ms - idle,
+                               backward.end_ms, rank))
+    return spans
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares ``(slope, intercept)`` of ys against xs."""
+    slope, intercept = statistics.linear_regression(xs, ys)
+    return slope, intercept
+
+
+# --8<-- [start:count]
+def count_collectives(step: Callable[[], object]) -> Counter:
+    """Run ``step`` once under torch.profiler; count the collectives the backend executed.
+
+    Profiler events named ``gloo:all_reduce``, ``nccl:broadcast``, … are recorded by the
+    process group itself, so this sees every collective — DDP's buckets, its buffer
+    broadcasts, SyncBatchNorm's statistics — not only the ones our own code calls.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available() and dist.get_backend() == "nccl":
+        activities.append(ProfilerActivity.CUDA)
+    prof = profile(activities=activities)
+    with _quiet_native_stderr():
+        prof.start()
+    try:
+        step()
+    finally:
+        with _quiet_native_stderr():
+            prof.stop()
+    backend = dist.get_backend()
+    return Counter(e.name.split(":", 1)[1] for e in prof.events()
+                   if e.name.startswith(f"{backend}:"))
+# --8<-- [end:count]
+
+
+@contextmanager
+def _quiet_native_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 for a moment: torch 2.13's profiler prints a
+    ``USDT: … profiler_start`` line from C++ on every start and stop, with no switch to turn
+    it off; those lines would only puzzle a reader."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
