@@ -9,6 +9,7 @@
     plotting.py  the book's figure style (imports matplotlib: import it where you draw)
     naive_ddp.py     NaiveDDP: after backward, one all-reduce per parameter (the tutorials' way)
     bucketed_ddp.py  BucketedDDP: buckets all-reduced during backward (native DDP's design)
+    ring.py          ring_all_reduce from send/recv (and a naive all-reduce through rank 0)
 """
 
 from .bucketed_ddp import BucketedDDP
@@ -17,10 +18,12 @@ from .launch import RankFailed, Run, choose_backend, launch, run_main
 from .naive_ddp import NaiveDDP
 from .ranks import RankContext, get, progress, seed_everything
 from .results import chapter_output, read_results, write_results
+from .ring import naive_all_reduce, ring_all_reduce
 
 __all__ = [
     "BucketedDDP", "NaiveDDP",
     "RankContext", "RankFailed", "Run", "UsageError", "chapter_output", "chapter_parser",
     "choose_backend", "get", "launch", "parse_chapter_args", "progress", "read_results",
     "run_main", "seed_everything", "write_results",
+    "naive_all_reduce", "ring_all_reduce",
 ]

@@ -1,0 +1,369 @@
+"""Chapter 02 — the collectives, run on real tensors and drawn before and after.
+
+Every rank holds a small integer tensor whose values say where they came from (rank r holds
+10(r+1), 10(r+1)+1, …).  The script runs send/recv and each collective — broadcast, scatter,
+gather, reduce, all_gather, all_reduce, reduce_scatter, all_to_all — prints what every rank held
+before and after, and draws one figure per collective from those tensors.  Then it times each
+collective on S bytes of float32 and compares with the bytes the standard algorithms move.
+
+Run it:
+    python scripts/chapter02_collectives.py                  # 4 CPU ranks, started by mp.spawn
+    python scripts/chapter02_collectives.py --world-size 3
+    torchrun --standalone --nproc-per-node 4 scripts/chapter02_collectives.py  # same, torchrun
+    make run-chapter02
+
+On CPU this chapter defaults to 4 ranks, not 2: with two ranks, scatter, all_to_all and
+reduce_scatter hardly look different from each other.  (On a GPU box: one rank per GPU.)
+Writes figures/chapter02/{send_recv, broadcast, scatter, gather, reduce, all_gather,
+all_reduce, reduce_scatter, all_to_all}.png and results.json (or under --out DIR).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+import ddplab
+from ddplab import timing
+from ddplab.launch import default_world_size, started_by_torchrun
+
+CHAPTER = 2
+CPU_WORLD_SIZE = 4
+KiB, MiB = 1 << 10, 1 << 20
+TIMED_BYTES, QUICK_TIMED_BYTES = 4 * MiB, 256 * KiB
+
+# torch 2.13 renamed the flat-tensor variants (the old names still work, with a warning).
+REDUCE_SCATTER_FLAT = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+ALL_GATHER_FLAT = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def demo_tensor(ctx: ddplab.RankContext) -> torch.Tensor:
+    """Rank r holds [10(r+1), 10(r+1)+1, …]: every value says which rank it came from."""
+    base = 10 * (ctx.rank + 1) if ctx.world_size <= 9 else 100 * (ctx.rank + 1)
+    return torch.arange(ctx.world_size, dtype=torch.int64, device=ctx.device) + base
+
+
+# --- the collectives, one function each: (what this rank held before, what it holds after) ------
+
+# --8<-- [start:send_recv]
+def send_recv(ctx, x):
+    """Each rank sends its tensor to the right neighbour and receives from the left one."""
+    out = torch.empty_like(x)
+    right, left = (ctx.rank + 1) % ctx.world_size, (ctx.rank - 1) % ctx.world_size
+    sending = dist.isend(x, dst=right)  # non-blocking: send and receive at the same time
+    dist.recv(out, src=left)
+    sending.wait()
+    return x, out
+# --8<-- [end:send_recv]
+
+
+# --8<-- [start:broadcast]
+def broadcast(ctx, x):
+    out = x.clone()
+    dist.broadcast(out, src=0)  # everyone ends up with rank 0's tensor
+    return x, out
+# --8<-- [end:broadcast]
+
+
+# --8<-- [start:scatter]
+def scatter(ctx, x):
+    out = torch.empty(1, dtype=x.dtype, device=x.device)
+    pieces = list(x.chunk(ctx.world_size)) if ctx.rank == 0 else None  # only the source has data
+    dist.scatter(out, scatter_list=pieces, src=0)  # rank r gets rank 0's piece r
+    return (x if ctx.rank == 0 else None), out
+# --8<-- [end:scatter]
+
+
+# --8<-- [start:gather]
+def gather(ctx, x):
+    mine = x[:1].clone()
+    pieces = [torch.empty_like(mine) for _ in range(ctx.world_size)] if ctx.rank == 0 else None
+    dist.gather(mine, gather_list=pieces, dst=0)  # only the destination receives
+    return mine, (torch.cat(pieces) if ctx.rank == 0 else None)
+# --8<-- [end:gather]
+
+
+# --8<-- [start:reduce]
+def reduce(ctx, x):
+    out = x.clone()
+    dist.reduce(out, dst=0)  # the sum lands on rank 0; don't read the others' buffers
+    return x, out
+# --8<-- [end:reduce]
+
+
+# --8<-- [start:all_gather]
+def all_gather(ctx, x):
+    mine = x[:1].clone()
+    pieces = [torch.empty_like(mine) for _ in range(ctx.world_size)]
+    dist.all_gather(pieces, mine)  # everyone receives everyone's piece
+    return mine, torch.cat(pieces)
+# --8<-- [end:all_gather]
+
+
+# --8<-- [start:all_reduce]
+def all_reduce(ctx, x):
+    out = x.clone()
+    dist.all_reduce(out)  # op=SUM by default: everyone ends up with the sum
+    return x, out
+# --8<-- [end:all_reduce]
+
+
+# --8<-- [start:reduce_scatter]
+def reduce_scatter(ctx, x):
+    out = torch.empty(1, dtype=x.dtype, device=x.device)
+    dist.reduce_scatter(out, list(x.chunk(ctx.world_size)))  # rank r gets the sum of piece r
+    return x, out
+# --8<-- [end:reduce_scatter]
+
+
+# --8<-- [start:all_to_all]
+def all_to_all(ctx, x):
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x)  # piece j of rank i goes to rank j, as its piece i
+    return x, out
+# --8<-- [end:all_to_all]
+
+
+CALLS = {"send_recv": "dist.isend(t, dst=right) + dist.recv(out, src=left)",
+         "broadcast": "dist.broadcast(t, src=0)", "scatter": "dist.scatter(out, pieces, src=0)",
+         "gather": "dist.gather(t, pieces, dst=0)", "reduce": "dist.reduce(t, dst=0)",
+         "all_gather": "dist.all_gather(pieces, t)", "all_reduce": "dist.all_reduce(t)",
+         "reduce_scatter": "dist.reduce_scatter(out, pieces)",
+         "all_to_all": "dist.all_to_all_single(out, t)"}
+COLLECTIVES = {f.__name__: f for f in (send_recv, broadcast, scatter, gather, reduce,
+                                       all_gather, all_reduce, reduce_scatter, all_to_all)}
+
+
+def run_demos(ctx: ddplab.RankContext) -> dict:
+    """Every collective on the demo tensor; every rank's before and after, on every rank."""
+    states = {}
+    for name, collective in COLLECTIVES.items():
+        before, after = collective(ctx, demo_tensor(ctx))
+        mine = [None if t is None else t.cpu().tolist() for t in (before, after)]
+        everyone: list = [None] * ctx.world_size
+        dist.all_gather_object(everyone, mine)
+        states[name] = {"before": [e[0] for e in everyone], "after": [e[1] for e in everyone]}
+    return states
+
+
+# --- what gloo in this torch can do -------------------------------------------------------------
+
+def probe_support(ctx: ddplab.RankContext) -> dict:
+    """Call each API once; record 'ok' or the error it raises on this backend."""
+    n, x = ctx.world_size, torch.ones(ctx.world_size, device=ctx.device)
+    probes = {
+        "all_reduce(op=AVG)": lambda: dist.all_reduce(x.clone(), op=dist.ReduceOp.AVG),
+        "reduce_scatter": lambda: dist.reduce_scatter(x[:1].clone(), list(x.clone().chunk(n))),
+        REDUCE_SCATTER_FLAT.__name__: lambda: REDUCE_SCATTER_FLAT(x[:1].clone(), x.clone()),
+        "all_to_all": lambda: dist.all_to_all(list(x.clone().chunk(n)),
+                                              list(x.clone().chunk(n))),
+        "all_to_all_single": lambda: dist.all_to_all_single(x.clone(), x.clone()),
+        ALL_GATHER_FLAT.__name__: lambda: ALL_GATHER_FLAT(torch.empty(n * n, device=x.device),
+                                                          x.clone()),
+    }
+    support = {}
+    for name, call in probes.items():
+        try:
+            call()
+            support[name] = "ok"
+        except (RuntimeError, ValueError) as err:  # raised the same way on every rank
+            support[name] = f"error: {str(err).strip().splitlines()[0]}"
+    return support
+
+
+# --- the timing table ---------------------------------------------------------------------------
+
+# Bytes the busiest rank sends and receives with the standard bandwidth-optimal algorithm, for
+# N ranks and a full tensor of S bytes, and nccl-tests' bus-bandwidth factor (busbw = S/t·f),
+# each as (how the page writes it, the fraction of S as a function of N).
+ALL = ("S", lambda n: 1.0)
+PIECE = ("S/N", lambda n: 1 / n)
+ALL_BUT_ONE_PIECE = ("(N-1)/N·S", lambda n: (n - 1) / n)
+TWICE_ALL_BUT_ONE = ("2(N-1)/N·S", lambda n: 2 * (n - 1) / n)
+TRAFFIC = {  # collective: (algorithm, sent, received, busbw factor)
+    "send_recv": ("direct", ALL, ALL, ALL),
+    "broadcast": ("pipelined chain", ALL, ALL, ALL),
+    "scatter": ("direct from the root", ALL_BUT_ONE_PIECE, PIECE, ALL_BUT_ONE_PIECE),
+    "gather": ("direct to the root", PIECE, ALL_BUT_ONE_PIECE, ALL_BUT_ONE_PIECE),
+    "reduce": ("pipelined chain", ALL, ALL, ALL),
+    "all_gather": ("ring", ALL_BUT_ONE_PIECE, ALL_BUT_ONE_PIECE, ALL_BUT_ONE_PIECE),
+    "all_reduce": ("ring: reduce-scatter, then all-gather", TWICE_ALL_BUT_ONE,
+                   TWICE_ALL_BUT_ONE, TWICE_ALL_BUT_ONE),
+    "reduce_scatter": ("ring", ALL_BUT_ONE_PIECE, ALL_BUT_ONE_PIECE, ALL_BUT_ONE_PIECE),
+    "all_to_all": ("pairwise exchange", ALL_BUT_ONE_PIECE, ALL_BUT_ONE_PIECE, ALL_BUT_ONE_PIECE),
+}
+
+
+# --8<-- [start:timed]
+def timed_steps(ctx: ddplab.RankContext, nbytes: int) -> dict:
+    """One step per collective on S = nbytes of float32, buffers allocated outside the timing."""
+    n, rank, dev = ctx.world_size, ctx.rank, ctx.device
+    full = torch.randn(nbytes // 4, device=dev)
+    piece = torch.randn(nbytes // 4 // n, device=dev)  # S/N
+    pieces = [torch.empty_like(piece) for _ in range(n)]
+    out_full, out_piece = torch.empty_like(full), torch.empty_like(piece)
+    right, left = (rank + 1) % n, (rank - 1) % n
+
+    def send_recv():
+        sending = dist.isend(full, dst=right)
+        dist.recv(out_full, src=left)
+        sending.wait()
+
+    return {
+        "send_recv": send_recv,
+        "broadcast": lambda: dist.broadcast(full, src=0),
+        "scatter": lambda: dist.scatter(out_piece, pieces if rank == 0 else None, src=0),
+        "gather": lambda: dist.gather(piece, pieces if rank == 0 else None, dst=0),
+        "reduce": lambda: dist.reduce(full, dst=0),
+        "all_gather": lambda: dist.all_gather(pieces, piece),
+        "all_reduce": lambda: dist.all_reduce(full),
+        "reduce_scatter": lambda: dist.reduce_scatter(out_piece, pieces),
+        REDUCE_SCATTER_FLAT.__name__: lambda: REDUCE_SCATTER_FLAT(out_piece, full),
+        "all_to_all": lambda: dist.all_to_all_single(out_full, full),
+    }
+# --8<-- [end:timed]
+
+
+def time_collectives(ctx: ddplab.RankContext, nbytes: int) -> dict[str, float]:
+    """Median time (ms) of each collective, interleaved, as slow as the slowest rank."""
+    samples = timing.compare(timed_steps(ctx, nbytes), rounds=5 if ctx.quick else 20,
+                             warmup=2, device=ctx.device)
+    return {name: timing.slowest_rank(timing.median(s)) for name, s in samples.items()}
+
+
+def worker(ctx: ddplab.RankContext, args) -> dict | None:
+    """Runs on every rank."""
+    nbytes = QUICK_TIMED_BYTES if ctx.quick else TIMED_BYTES
+    nbytes -= nbytes % (4 * ctx.world_size)  # whole float32 pieces for every rank
+    result = {"states": run_demos(ctx), "support": probe_support(ctx),
+              "timed_bytes": nbytes, "time_ms": time_collectives(ctx, nbytes)}
+    return result if ctx.is_main else None
+
+
+# --- tables, figures, summary (rank 0 / the launching process) ----------------------------------
+
+def traffic_table(time_ms: dict, n: int, s: int) -> dict:
+    rows = {}
+    for name, t in time_ms.items():
+        # The flat-tensor reduce-scatter moves what the list one does.
+        algorithm, sent, received, factor = TRAFFIC.get(name, TRAFFIC["reduce_scatter"])
+        algbw = s / (t * 1e-3) / 1e9
+        rows[name] = {"algorithm": algorithm, "sent": sent[0], "received": received[0],
+                      "sent_bytes": sent[1](n) * s, "received_bytes": received[1](n) * s,
+                      "busbw_factor": factor[1](n), "time_ms": t, "algbw_gbps": algbw,
+                      "busbw_gbps": algbw * factor[1](n)}
+    return rows
+
+
+def classify(value: int, origins: dict[int, int], sums: set[int]) -> str | int:
+    """A cell's story: the rank its value came from, 'sum' of all ranks, or 'other'."""
+    if value in origins:
+        return origins[value]
+    return "sum" if value in sums else "other"
+
+
+def draw_collective(name: str, state: dict, path) -> None:
+    """Before → after: rows are ranks; cells are elements, coloured by the rank they came from."""
+    from matplotlib.patches import Rectangle
+
+    from ddplab import plotting
+
+    n = len(state["before"])
+    originals = demo_rows(n)
+    origins = {v: r for r, row in enumerate(originals) for v in row}
+    sums = {sum(col) for col in zip(*originals, strict=True)}
+    width = max(len(r or []) for r in state["before"] + state["after"])
+    fig, axes = plotting.figure(1, 2, height=0.55 * n + 0.9)
+    for ax, key in zip(axes, ("before", "after"), strict=True):
+        ax.axis("off")
+        ax.set_xlim(-0.9, width)
+        ax.set_ylim(-0.1, n)
+        ax.set_title(key + (" →" if key == "before" else ""), fontsize=10)
+        for rank, row in enumerate(state[key]):
+            y = n - 1 - rank
+            ax.text(-0.15, y + 0.45, f"rank {rank}", ha="right", va="center", fontsize=9)
+            if row is None:
+                ax.text(0.05, y + 0.45, "(no tensor)", va="center", fontsize=8,
+                        color=plotting.OKABE_ITO["grey"])
+                continue
+            for j, value in enumerate(row):
+                who = classify(value, origins, sums)
+                color = ("#333333" if who == "sum" else plotting.OKABE_ITO["grey"]
+                         if who == "other" else plotting.rank_color(who))
+                ax.add_patch(Rectangle((j, y), 0.92, 0.88, facecolor=color,
+                                       alpha=0.9 if who == "sum" else 0.35, edgecolor="none"))
+                ax.text(j + 0.46, y + 0.44, ("Σ " if who == "sum" else "") + str(value),
+                        ha="center", va="center", fontsize=8,
+                        color="white" if who == "sum" else "black")
+    fig.suptitle(f"{name}:  {CALLS[name]}", fontsize=11, family="monospace", y=1.06)
+    fig.text(0.5, 0.0, "colour: the rank a value came from   ·   dark Σ: the sum over all ranks"
+             "   ·   grey: a partial sum, don't read it", ha="center", va="top", fontsize=8)
+    plotting.save(fig, path)
+
+
+def demo_rows(n: int) -> list[list[int]]:
+    base = 10 if n <= 9 else 100
+    return [[base * (r + 1) + j for j in range(n)] for r in range(n)]
+
+
+def format_row(row) -> str:
+    return "—" if row is None else "[" + ", ".join(map(str, row)) + "]"
+
+
+def summarize(states: dict, table: dict, support: dict, n: int, s: int) -> str:
+    lines = []
+    for name, state in states.items():
+        lines.append(f"{name}")
+        for rank, (b, a) in enumerate(zip(state["before"], state["after"], strict=True)):
+            lines.append(f"  rank {rank}: {format_row(b):<24} -> {format_row(a)}")
+    lines.append(f"\ntimes for S = {s / KiB:g} KiB of float32 on {n} ranks (median):")
+    lines.append("collective               sent/rank     time ms   busbw GB/s")
+    for name, row in table.items():
+        lines.append(f"{name:<24} {row['sent']:<12} {row['time_ms']:8.3f}   "
+                     f"{row['busbw_gbps']:.2f}")
+    lines.append("support: " + ", ".join(f"{k}: {v}" for k, v in support.items()))
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None):
+    parser = ddplab.chapter_parser(__doc__, prog="chapter02_collectives.py")
+    args = ddplab.parse_chapter_args(parser, argv)
+    if args.world_size == 1:
+        raise ddplab.UsageError("chapter 02 needs at least 2 ranks to have anything to "
+                                "communicate; use --world-size 2 or more")
+    if args.world_size is None and not started_by_torchrun() and default_world_size() == 2:
+        args.world_size = CPU_WORLD_SIZE  # no GPUs: 4 CPU ranks draw clearer pictures than 2
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    args = parse_args(argv)
+    run = ddplab.launch(worker, args)
+    if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
+        return None
+    result, n = run.result, run.provenance["world_size"]
+    s = result["timed_bytes"]
+    table = traffic_table(result["time_ms"], n, s)
+    flat = REDUCE_SCATTER_FLAT.__name__
+    metrics = {
+        "states": result["states"], "support": result["support"], "timed_bytes": s,
+        "timed_kib": s / KiB, "collectives": table,
+        "api": {"reduce_scatter_flat": flat, "all_gather_flat": ALL_GATHER_FLAT.__name__},
+        "reduce_scatter_over_all_reduce_time":
+            table["reduce_scatter"]["time_ms"] / table["all_reduce"]["time_ms"],
+        "reduce_scatter_flat_over_all_reduce_time":
+            table[flat]["time_ms"] / table["all_reduce"]["time_ms"],
+    }
+    with ddplab.chapter_output(args.out, CHAPTER) as out:
+        for name, state in result["states"].items():
+            draw_collective(name, state, out / f"{name}.png")
+        ddplab.write_results(out, CHAPTER, metrics, run.provenance)
+    print(summarize(result["states"], table, result["support"], n, s))
+    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/")
+    return metrics
+
+
+if __name__ == "__main__":
+    sys.exit(ddplab.run_main(main))

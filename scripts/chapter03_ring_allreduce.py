@@ -1,0 +1,511 @@
+"""Chapter 03 — ring all-reduce from send/recv, checked, traced and benchmarked.
+
+Builds an all-reduce out of point-to-point messages (``ddplab.ring_all_reduce``: a
+reduce-scatter phase, then an all-gather phase), checks it against ``dist.all_reduce`` for many
+sizes and dtypes, records which chunk moves where at every step, and times it against
+``dist.all_reduce`` and a naive gather-to-rank-0 all-reduce from 4 KiB to 64 MiB: medians,
+algorithm and bus bandwidth as nccl-tests defines them, and the alpha-beta cost model fitted to
+each.  Then it varies the segment size, and (when it starts the ranks itself) the world size.
+
+Run it:
+    python scripts/chapter03_ring_allreduce.py                  # 2 CPU ranks, started by mp.spawn
+    python scripts/chapter03_ring_allreduce.py --quick          # 4 KiB … 1 MiB, in under a minute
+    python scripts/chapter03_ring_allreduce.py --world-size 4
+    torchrun --standalone --nproc-per-node 2 scripts/chapter03_ring_allreduce.py  # no N sweep
+    make run-chapter03
+
+Writes figures/chapter03/{ring_steps.png, time.png, busbw.png, segments.png, scaling.png,
+results.json} (or under --out DIR).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+from functools import partial
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import ddplab
+from ddplab import timing
+from ddplab.ring import SEGMENT_BYTES, RingStep, naive_all_reduce, ring_all_reduce
+
+CHAPTER = 3
+KiB, MiB = 1 << 10, 1 << 20
+SIZES = [4 * KiB * 2**i for i in range(15)]  # 4 KiB … 64 MiB
+QUICK_SIZES = [4 * KiB * 4**i for i in range(5)]  # 4 KiB … 1 MiB
+SEGMENTS = [64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, None]  # None: one per chunk
+QUICK_SEGMENTS = [64 * KiB, 256 * KiB, None]
+SWEEP_WORLD_SIZES = (2, 3, 4)
+IMPLS = {"ring": ring_all_reduce, "native": dist.all_reduce, "naive": naive_all_reduce}
+LABELS = {"ring": "ring_all_reduce (ours)", "native": "dist.all_reduce (gloo)",
+          "naive": "naive: via rank 0"}
+COLOR_KEYS = {"ring": "ring", "native": "native", "naive": "naive_allreduce"}
+
+
+# --- correctness --------------------------------------------------------------------------------
+
+def check_sizes(world: int) -> list[int]:
+    """Sizes that catch the usual bugs: empty, smaller than N, not a multiple of N, large+odd."""
+    return sorted({0, 1, max(world - 1, 1), world + 1, 7, 13, 1_000_003})
+
+
+# --8<-- [start:check]
+def compare_with_native(impl, x: torch.Tensor) -> dict:
+    """Run ``impl`` and ``dist.all_reduce`` on copies of ``x``; how far apart are they?
+
+    Integers must match exactly.  Floats are summed in a different order by the two
+    implementations, and float addition is not associative.  Summing N numbers in any order
+    is off by at most (N-1)·u·Σ|x_i| (u = eps/2, the unit roundoff), so two orders differ by at
+    most (N-1)·eps·Σ|x_i|: that is the tolerance, element by element.
+    """
+    ours, reference = x.clone(), x.clone()
+    impl(ours)
+    dist.all_reduce(reference)
+    diff = (ours.double() - reference.double()).abs()
+    if not x.is_floating_point():
+        bound = torch.zeros_like(diff)
+    else:
+        magnitude = x.double().abs()
+        dist.all_reduce(magnitude)  # Σ|x_i| over the ranks, element by element
+        bound = (dist.get_world_size() - 1) * torch.finfo(x.dtype).eps * magnitude
+    return {"max_abs_diff": diff.max().item() if diff.numel() else 0.0,
+            "bitwise_equal": torch.equal(ours, reference),
+            "within_bound": bool((diff <= bound).all())}
+# --8<-- [end:check]
+
+
+def random_tensor(size: int, dtype: torch.dtype, rank: int, seed: int, device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1000 + rank)  # different data on every rank
+    if dtype.is_floating_point:
+        return torch.randn(size, generator=g, dtype=dtype).to(device)
+    return torch.randint(-10**6, 10**6, (size,), generator=g, dtype=dtype).to(device)
+
+
+def correctness(ctx: ddplab.RankContext) -> list[dict]:
+    rows = []
+    for size in check_sizes(ctx.world_size):
+        for dtype in (torch.float32, torch.float64, torch.int64):
+            x = random_tensor(size, dtype, ctx.rank, ctx.seed, ctx.device)
+            for name in ("ring", "naive"):
+                rows.append({"impl": name, "size": size, "dtype": str(dtype).split(".")[-1],
+                             **compare_with_native(IMPLS[name], x)})
+    return rows
+
+
+# --- the step-by-step trace ---------------------------------------------------------------------
+
+# --8<-- [start:trace]
+def record_trace(ctx: ddplab.RankContext) -> list[list[dict]]:
+    """Run the ring on a tensor of one element per chunk, where rank r holds 2**r everywhere.
+
+    Any sum of such values is a bit mask of the ranks it contains (2**0 + 2**2 = 0b101: ranks 0
+    and 2), so after each step a chunk's value says exactly which ranks' data it holds.
+    """
+    steps: list[dict] = []
+
+    def record(step: RingStep) -> None:
+        steps.append({"phase": step.phase, "step": step.step, "rank": step.rank,
+                      "sent": step.sent_chunk, "received": step.received_chunk,
+                      "masks": [int(c[0]) for c in step.chunks]})
+
+    x = torch.full((ctx.world_size,), 2**ctx.rank, dtype=torch.int64, device=ctx.device)
+    start = {"phase": "start", "step": -1, "rank": ctx.rank, "sent": None, "received": None,
+             "masks": x.tolist()}
+    ring_all_reduce(x, trace=record)
+    everyone: list = [None] * ctx.world_size
+    dist.all_gather_object(everyone, [start, *steps])
+    return everyone  # everyone[rank][i]: that rank's state after step i
+# --8<-- [end:trace]
+
+
+# --- the benchmark ------------------------------------------------------------------------------
+
+def rounds_for(size: int, quick: bool) -> int:
+    """Many rounds where a round is cheap: on a shared 2-core VM, sub-millisecond timings
+    are bimodal (a rank that sleeps in wait() sometimes wakes milliseconds late)."""
+    if quick:
+        return 10
+    return 50 if size <= 1 * MiB else 20 if size <= 16 * MiB else 12
+
+
+def slowest_median(samples: list[float]) -> float:
+    """A collective is as slow as its slowest rank: the largest of the ranks' medians (ms)."""
+    return timing.slowest_rank(timing.median(samples))
+
+
+# --8<-- [start:benchmark]
+def benchmark(ctx: ddplab.RankContext, sizes: list[int], impls: dict) -> dict[str, list[float]]:
+    """Median time (ms) of each implementation at each size, timed A B C, A B C, …"""
+    times: dict[str, list[float]] = {name: [] for name in impls}
+    for size in ddplab.progress(sizes, ctx, "sizes"):
+        x = torch.randn(size // 4, device=ctx.device)  # float32: 4 bytes per element
+        steps = {name: partial(impl, x) for name, impl in impls.items()}
+        samples = timing.compare(steps, rounds=rounds_for(size, ctx.quick), warmup=2,
+                                 device=ctx.device)
+        for name in impls:
+            times[name].append(slowest_median(samples[name]))
+    return times
+# --8<-- [end:benchmark]
+
+
+def segment_sweep(ctx: ddplab.RankContext, size: int, segments: list[int | None]) -> list[float]:
+    """Time the ring at one size with different segment sizes (None: whole chunks)."""
+    x = torch.randn(size // 4, device=ctx.device)
+    steps = {str(seg): partial(ring_all_reduce, x, segment_bytes=seg or size) for seg in segments}
+    samples = timing.compare(steps, rounds=rounds_for(size, ctx.quick), warmup=1,
+                             device=ctx.device)
+    return [slowest_median(samples[str(seg)]) for seg in segments]
+
+
+def size_check_cost(ctx: ddplab.RankContext) -> float:
+    """What the size agreement inside ring_all_reduce costs on its own (ms)."""
+    from ddplab.ring import check_same_tensor
+
+    x = torch.zeros(1, device=ctx.device)
+    return slowest_median(timing.time_steps(lambda: check_same_tensor(x), steps=30,
+                                            device=ctx.device))
+
+
+def worker(ctx: ddplab.RankContext, args) -> dict | None:
+    """Runs on every rank: check, trace, benchmark."""
+    sizes = QUICK_SIZES if ctx.quick else SIZES
+    result = {"correctness": correctness(ctx), "trace": record_trace(ctx),
+              "sizes": sizes, "times_ms": benchmark(ctx, sizes, IMPLS),
+              "size_check_ms": size_check_cost(ctx)}
+    segments = QUICK_SEGMENTS if ctx.quick else SEGMENTS
+    result["segments"] = {"size": sizes[-1], "segment_bytes": segments,
+                          "times_ms": segment_sweep(ctx, sizes[-1], segments)}
+    return result if ctx.is_main else None
+
+
+def sweep_worker(ctx: ddplab.RankContext, args) -> dict | None:
+    """Runs on every rank of a world-size sweep launch: one size, the three implementations."""
+    size = sweep_size(ctx.quick)
+    times = benchmark(ctx, [size], IMPLS)
+    result = {"times_ms": {name: t[0] for name, t in times.items()}, "trace": record_trace(ctx)}
+    return result if ctx.is_main else None
+
+
+def sweep_size(quick: bool) -> int:
+    return 1 * MiB if quick else 16 * MiB
+
+
+# --- analysis -------------------------------------------------------------------------------------
+
+def bus_factor(world: int) -> float:
+    """nccl-tests: all-reduce busbw = algbw · 2(N-1)/N, the fraction each rank's link carries."""
+    return 2 * (world - 1) / world
+
+
+# --8<-- [start:fit]
+def fit_alpha_beta(sizes: list[int], times_ms: list[float], world: int,
+                   bytes_factor: float) -> dict:
+    """Fit t = 2(N-1)·α + bytes_factor·S·β by least squares on relative error.
+
+    For the ring, bytes_factor = 2(N-1)/N: the bytes each rank sends.  Weighting each point by
+    1/t makes a 4 KiB point count as much as a 64 MiB one (plain least squares would fit only
+    the largest sizes).  α is the cost of one message, 1/β the bandwidth.
+    """
+    s = np.asarray(sizes, dtype=float)
+    t = np.asarray(times_ms, dtype=float) * 1e-3  # seconds
+    design = np.column_stack([np.full_like(s, 2 * (world - 1)), bytes_factor * s])
+    weights = 1 / t
+    (alpha, beta), *_ = np.linalg.lstsq(design * weights[:, None], t * weights, rcond=None)
+    predicted = design @ [alpha, beta]
+    r2 = 1 - np.sum((t - predicted) ** 2) / np.sum((t - t.mean()) ** 2)
+    return {"alpha_us": alpha * 1e6, "beta_gbps": 1e-9 / beta, "r2": r2,
+            "max_rel_err": float(np.max(np.abs(predicted - t) / t)),
+            "predicted_ms": (predicted * 1e3).tolist()}
+# --8<-- [end:fit]
+
+
+def bytes_factor(impl: str, world: int) -> float:
+    """Bytes the busiest rank sends per byte of tensor: ring 2(N-1)/N, naive's rank 0 N-1."""
+    return world - 1 if impl == "naive" else bus_factor(world)
+
+
+def analyse(result: dict, world: int) -> dict:
+    sizes, times = result["sizes"], result["times_ms"]
+    algbw = {name: [s / (t * 1e-3) / 1e9 for s, t in zip(sizes, ts, strict=True)]
+             for name, ts in times.items()}
+    busbw = {name: [bw * bus_factor(world) for bw in bws] for name, bws in algbw.items()}
+    per_size = lambda values: {str(s): v for s, v in zip(sizes, values, strict=True)}  # noqa: E731
+    fits = {name: fit_alpha_beta(sizes, times[name], world, bytes_factor(name, world))
+            for name in times} if world > 1 else {}
+    ratio = [r / n if n else math.nan for r, n in zip(busbw["ring"], busbw["native"], strict=True)]
+    return {
+        "correct": all(row["within_bound"] for row in result["correctness"]),
+        "sizes_bytes": sizes,
+        "time_ms": {name: per_size(ts) for name, ts in times.items()},
+        "algbw_gbps": {name: per_size(v) for name, v in algbw.items()},
+        "busbw_gbps": {name: per_size(v) for name, v in busbw.items()},
+        "ratio_ring_to_native_busbw": per_size(ratio),
+        "alpha_beta": {name: {k: v for k, v in fit.items() if k != "predicted_ms"}
+                       for name, fit in fits.items()},
+        "largest": {"size_bytes": sizes[-1], "size_mib": sizes[-1] / MiB,
+                    "ratio_ring_to_native_busbw": ratio[-1],
+                    "busbw_gbps": {name: busbw[name][-1] for name in busbw},
+                    "time_ms": {name: times[name][-1] for name in times}},
+        "smallest": {"size_bytes": sizes[0], "size_kib": sizes[0] / KiB,
+                     "time_ms": {name: times[name][0] for name in times},
+                     "ratio_ring_to_native_time": times["ring"][0] / times["native"][0]},
+        "size_check_us": result["size_check_ms"] * 1e3,
+        "correctness": correctness_summary(result["correctness"], world),
+        "segments": segment_summary(result["segments"], result["times_ms"], world),
+        "_fits": fits,
+    }
+
+
+def correctness_summary(rows: list[dict], world: int) -> dict:
+    floats = [r for r in rows if r["dtype"] != "int64"]
+    return {
+        "checks": len(rows),
+        "passed": sum(r["within_bound"] for r in rows),
+        "sizes": sorted({r["size"] for r in rows}),
+        "dtypes": sorted({r["dtype"] for r in rows}),
+        "integers_exact": all(r["bitwise_equal"] for r in rows if r["dtype"] == "int64"),
+        "floats_bitwise_equal": all(r["bitwise_equal"] for r in floats),
+        "max_abs_diff_float32": max(r["max_abs_diff"] for r in floats if r["dtype"] == "float32"),
+        "failures": [r for r in rows if not r["within_bound"]],
+        "world_size": world,
+    }
+
+
+def segment_summary(seg: dict, times: dict, world: int) -> dict:
+    size = seg["size"]
+    rows = [{"segment_bytes": s, "segment_label": label_bytes(s) if s else "whole chunk",
+             "time_ms": t, "busbw_gbps": size / (t * 1e-3) / 1e9 * bus_factor(world)}
+            for s, t in zip(seg["segment_bytes"], seg["times_ms"], strict=True)]
+    by_size = {r["segment_bytes"]: r["time_ms"] for r in rows}
+    default = by_size.get(SEGMENT_BYTES)
+    return {"size_bytes": size, "rows": rows,
+            "best": min(rows, key=lambda r: r["time_ms"])["segment_label"],
+            "default_segment": label_bytes(SEGMENT_BYTES),
+            "whole_chunk_over_default_time": by_size[None] / default if default else None,
+            "native_busbw_gbps": size / (times["native"][-1] * 1e-3) / 1e9 * bus_factor(world)}
+
+
+def label_bytes(n: int) -> str:
+    return f"{n // MiB} MiB" if n >= MiB else f"{n // KiB} KiB"
+
+
+# --- the world-size sweep (only when this script starts the ranks) --------------------------------
+
+def world_size_sweep(args, main_world: int, main_result: dict) -> tuple[dict, list]:
+    """Launch once per world size (the main run already measured its own); returns the
+    timings and the step-by-step trace of the largest world size."""
+    size = sweep_size(args.quick)
+    rows, traces = {}, {main_world: main_result["trace"]}
+    for world in SWEEP_WORLD_SIZES:
+        if world == main_world:
+            i = main_result["sizes"].index(size)
+            rows[world] = {name: ts[i] for name, ts in main_result["times_ms"].items()}
+            continue
+        sub = copy.copy(args)
+        sub.world_size = world
+        run = ddplab.launch(sweep_worker, sub)
+        rows[world] = run.result["times_ms"]
+        traces[world] = run.result["trace"]
+    scaling = {"size_bytes": size, "world_sizes": list(rows),
+               "time_ms": {name: {str(w): rows[w][name] for w in rows} for name in IMPLS}}
+    return scaling, traces[max(traces)]
+
+
+# --- figures --------------------------------------------------------------------------------------
+
+def size_ticks(ax, sizes: list[int]) -> None:
+    ticks = [s for s in sizes if math.log2(s) % 2 == 0]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([label_bytes(s) for s in ticks])
+    ax.minorticks_off()
+
+
+def draw_time(analysis: dict, world: int, path) -> None:
+    from ddplab import plotting
+
+    sizes = analysis["sizes_bytes"]
+    fig, ax = plotting.figure(height=3.6)
+    for name in IMPLS:
+        color = plotting.COLORS[COLOR_KEYS[name]]
+        times = [analysis["time_ms"][name][str(s)] for s in sizes]
+        ax.plot(sizes, times, "o", color=color, label=LABELS[name], markersize=4)
+        fit = analysis["_fits"].get(name)
+        if fit:
+            ax.plot(sizes, fit["predicted_ms"], "--", color=color, linewidth=1,
+                    label=f"  fit: α = {fit['alpha_us']:.0f} µs, 1/β = "
+                          f"{fit['beta_gbps']:.2f} GB/s, R² = {fit['r2']:.3f}")
+    size_ticks(ax, sizes)
+    ax.set_yscale("log")
+    ax.set_xlabel("tensor size S")
+    ax.set_ylabel("time per all-reduce (ms)")
+    ax.set_title(f"All-reduce time, {world} ranks (median; dashed: α-β model)")
+    ax.legend(fontsize=8)
+    plotting.save(fig, path)
+
+
+def draw_busbw(analysis: dict, world: int, path) -> None:
+    from ddplab import plotting
+
+    sizes = analysis["sizes_bytes"]
+    fig, ax = plotting.figure(height=3.2)
+    for name in IMPLS:
+        bw = [analysis["busbw_gbps"][name][str(s)] for s in sizes]
+        ax.plot(sizes, bw, "o-", color=plotting.COLORS[COLOR_KEYS[name]], label=LABELS[name],
+                markersize=4)
+    size_ticks(ax, sizes)
+    ax.set_xlabel("tensor size S")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(f"busbw = S / t · 2(N-1)/N, {world} ranks (higher is better)")
+    ax.legend()
+    plotting.save(fig, path)
+
+
+def draw_segments(segments: dict, path) -> None:
+    from ddplab import plotting
+
+    rows = segments["rows"]
+    fig, ax = plotting.figure(height=2.8)
+    x = range(len(rows))
+    ax.bar(x, [r["busbw_gbps"] for r in rows], color=plotting.COLORS["ring"], width=0.6,
+           label="ring_all_reduce")
+    ax.axhline(segments["native_busbw_gbps"], color=plotting.COLORS["native"], linestyle="--",
+               label="dist.all_reduce (gloo: 1 MiB segments)")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([r["segment_label"] + ("\n(default)" if r["segment_bytes"] == SEGMENT_BYTES
+                                              else "") for r in rows])
+    ax.set_ylim(0, 1.35 * max(segments["native_busbw_gbps"], *(r["busbw_gbps"] for r in rows)))
+    ax.set_xlabel("segment size (the largest message the ring sends)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(f"Ring all-reduce of {label_bytes(segments['size_bytes'])}: "
+                 "how big should one message be?")
+    ax.legend(loc="upper left", ncol=2)
+    plotting.save(fig, path)
+
+
+def draw_scaling(scaling: dict, path, cores: int) -> None:
+    from ddplab import plotting
+
+    worlds = scaling["world_sizes"]
+    fig, ax = plotting.figure(height=3.0)
+    for name in IMPLS:
+        times = [scaling["time_ms"][name][str(w)] for w in worlds]
+        ax.plot(worlds, times, "o-", color=plotting.COLORS[COLOR_KEYS[name]], label=LABELS[name])
+    ax.set_xticks(worlds)
+    ax.set_xlabel(f"world size N (this machine has {cores} cores)")
+    ax.set_ylabel("time per all-reduce (ms)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"All-reduce of {label_bytes(scaling['size_bytes'])} as ranks are added")
+    ax.legend()
+    plotting.save(fig, path)
+
+
+# --8<-- [start:draw_trace]
+def draw_trace(trace: list[list[dict]], path) -> None:
+    """One panel per step: rows are ranks, columns chunks; a cell shows whose data it sums."""
+    from matplotlib.patches import Rectangle
+
+    from ddplab import plotting
+
+    world = len(trace)
+    cols = max(world, 3)
+    fig, axes = plotting.figure(2, cols, height=2 * plotting.PAGE_WIDTH_IN / cols + 0.5,
+                                squeeze=False)
+    # Top row: the start and the reduce-scatter steps; bottom row: the all-gather steps.
+    panels = [axes[0][i] for i in range(world)] + [axes[1][i] for i in range(1, world)]
+    for ax in axes.flat:
+        ax.axis("off")
+    fontsize = 8 if world <= 3 else 6
+    for i, ax in enumerate(panels[: len(trace[0])]):
+        state = [trace[rank][i] for rank in range(world)]
+        for rank, s in enumerate(state):
+            y = world - 1 - rank  # rank 0 on top
+            for chunk, mask in enumerate(s["masks"]):
+                members = [r for r in range(world) if mask >> r & 1]
+                done = len(members) == world
+                ax.add_patch(Rectangle(
+                    (chunk, y), 0.94, 0.9, edgecolor="none",
+                    facecolor=plotting.COLORS["ring"] if done else plotting.OKABE_ITO["sky"],
+                    alpha=1.0 if done else 0.15 + 0.6 * len(members) / world))
+                if s["received"] == chunk:  # arrived this step: outlined in the comm colour
+                    ax.add_patch(Rectangle((chunk, y), 0.94, 0.9, fill=False, linewidth=2,
+                                           edgecolor=plotting.COLORS["comm"]))
+                ax.text(chunk + 0.47, y + 0.45, "Σ" if done else "+".join(map(str, members)),
+                        ha="center", va="center", fontsize=fontsize,
+                        color="white" if done else "black")
+        ax.set_xlim(-0.05, world)
+        ax.set_ylim(-0.05, world + 0.05)
+        ax.set_aspect("equal")
+        phase = state[0]["phase"]
+        ax.set_title("start" if phase == "start" else f"{phase} {state[0]['step'] + 1}",
+                     fontsize=9)
+    axes[1][0].text(0.0, 0.5, f"rows: ranks 0–{world - 1}\ncolumns: chunks 0–{world - 1}\n"
+                    "cell: ranks summed in it\nΣ: all ranks\norange: arrived\n   this step",
+                    fontsize=8, va="center", transform=axes[1][0].transAxes)
+    fig.suptitle(f"Ring all-reduce on {world} ranks, recorded step by step", fontsize=11)
+    plotting.save(fig, path)
+# --8<-- [end:draw_trace]
+
+
+# --- main -----------------------------------------------------------------------------------------
+
+def summarize(metrics: dict) -> str:
+    c = metrics["correctness"]
+    lines = [f"correct: {metrics['correct']} ({c['passed']}/{c['checks']} checks, sizes "
+             f"{c['sizes']}, {', '.join(c['dtypes'])})"]
+    lines.append("size        ring ms  native ms  naive ms   busbw ring/native/naive GB/s")
+    for s in metrics["sizes_bytes"]:
+        t = {n: metrics["time_ms"][n][str(s)] for n in IMPLS}
+        b = {n: metrics["busbw_gbps"][n][str(s)] for n in IMPLS}
+        lines.append(f"{label_bytes(s):>8}  {t['ring']:8.3f}  {t['native']:9.3f}  "
+                     f"{t['naive']:8.3f}   {b['ring']:.2f} / {b['native']:.2f} / {b['naive']:.2f}")
+    largest = metrics["largest"]
+    lines.append(f"ring/native busbw at {label_bytes(largest['size_bytes'])}: "
+                 f"{largest['ratio_ring_to_native_busbw']:.2f}")
+    for name, fit in metrics["alpha_beta"].items():
+        lines.append(f"alpha-beta {name:>6}: alpha = {fit['alpha_us']:.1f} us, "
+                     f"1/beta = {fit['beta_gbps']:.2f} GB/s, R^2 = {fit['r2']:.4f}")
+    lines.append(f"size check inside ring_all_reduce: {metrics['size_check_us']:.0f} us")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None):
+    parser = ddplab.chapter_parser(__doc__, prog="chapter03_ring_allreduce.py")
+    return ddplab.parse_chapter_args(parser, argv)
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    args = parse_args(argv)
+    run = ddplab.launch(worker, args)
+    if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
+        return None
+    world = run.provenance["world_size"]
+    metrics = analyse(run.result, world)
+    trace = run.result["trace"]
+    if run.provenance["launcher"] == "torchrun":
+        note = "skipped under torchrun: the sweep starts its own ranks (run without torchrun)"
+        print(f"note: world-size sweep {note}")
+        metrics["scaling"] = {"skipped": note}
+    else:
+        metrics["scaling"], trace = world_size_sweep(args, world, run.result)
+    metrics["trace_world_size"] = len(trace)
+    with ddplab.chapter_output(args.out, CHAPTER) as out:
+        draw_trace(trace, out / "ring_steps.png")
+        draw_time(metrics, world, out / "time.png")
+        draw_busbw(metrics, world, out / "busbw.png")
+        draw_segments(metrics["segments"], out / "segments.png")
+        if "skipped" not in metrics["scaling"]:
+            draw_scaling(metrics["scaling"], out / "scaling.png", run.provenance["cpu_count"])
+        metrics.pop("_fits")
+        ddplab.write_results(out, CHAPTER, metrics, run.provenance)
+    print(summarize(metrics))
+    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/")
+    return metrics
+
+
+if __name__ == "__main__":
+    sys.exit(ddplab.run_main(main))
