@@ -14,12 +14,12 @@ Run it:
     torchrun --standalone --nproc-per-node 2 scripts/chapter07_checkpointing.py
         # same code; skips what needs several launches (crash + rerun, DCP resume, restart)
 
-Train on your own, kill rank 1 at step 35, let torchrun restart the group; it resumes by itself:
+Train on your own, kill rank 1 at step 120, let torchrun restart the group; it resumes by itself:
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node 2 \\
         --max-restarts 1 scripts/chapter07_checkpointing.py --train --ckpt-dir /tmp/ckpt \\
-        --crash-at-step 35 --crash-how kill
+        --crash-at-step 120 --crash-how kill
 The same with mp.spawn: the crash ends the run; the same command again resumes from /tmp/ckpt:
-    python scripts/chapter07_checkpointing.py --train --ckpt-dir /tmp/ckpt --crash-at-step 35
+    python scripts/chapter07_checkpointing.py --train --ckpt-dir /tmp/ckpt --crash-at-step 120
 
 Writes figures/chapter07/{resume.png, restart.png, cost.png, results.json} (or under --out DIR).
 """
@@ -31,6 +31,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -169,7 +170,7 @@ def save(ctx, cfg: Config, job: Job, model, optimizer, scheduler, position) -> d
         report = ck.save_checkpoint(state, job.run_dir / "torch", step, keep_last=cfg.keep_last)
         timings["torch"] = (time.perf_counter() - start) * 1e3
         if report is not None:
-            timings["torch_phases"] = {"collect": (collected - start) * 1e3,
+            timings["torch_phases"] = {"collect": (collected - start) * 1e3,  # incl. gather
                                        **{k: v * 1e3 for k, v in report.seconds.items()}}
             timings["torch_bytes"] = report.bytes
     if "dcp" in job.save:
@@ -198,6 +199,7 @@ def resume(ctx, job: Job, model, optimizer, scheduler, example) -> dict | None:
         return None
     if job.forget != "buckets":
         settle_ddp_buckets(model, example)  # see below
+    start = time.perf_counter()
     if kind == "torch":
         state = ck.load_checkpoint(path, ctx.device)  # map_location=ctx.device inside
         ck.load_model_state(model.module, state["model"], path)
@@ -211,7 +213,8 @@ def resume(ctx, job: Job, model, optimizer, scheduler, example) -> dict | None:
         state = ck.load_distributed(path, model, optimizer, template)
         scheduler.load_state_dict(state["scheduler"])
     return {"path": path, "step": state["step"], "epoch": state["epoch"],
-            "batch_in_epoch": state["batch_in_epoch"]}
+            "batch_in_epoch": state["batch_in_epoch"],
+            "load_ms": slowest_rank((time.perf_counter() - start) * 1e3)}
 # --8<-- [end:resume]
 
 
@@ -239,10 +242,8 @@ def train(ctx: ddplab.RankContext, cfg: Config, job: Job) -> dict:
     log.write("boot")  # every rank is up
     model, optimizer, scheduler, sampler, loader = build(ctx, cfg, job)
     log.write("built")
-    start = time.perf_counter()
     example = loader.dataset[0][0][None].to(ctx.device)  # one input, for settle_ddp_buckets
     resumed = resume(ctx, job, model, optimizer, scheduler, example) if job.resume else None
-    load_ms = slowest_rank((time.perf_counter() - start) * 1e3) if resumed else None
     step, epoch, batch = ((resumed["step"], resumed["epoch"], resumed["batch_in_epoch"])
                           if resumed else (0, 0, 0))
     if job.forget == "sampler":
@@ -267,7 +268,7 @@ def train(ctx: ddplab.RankContext, cfg: Config, job: Job) -> dict:
         else:
             epoch, batch = epoch + 1, 0  # the epoch ran out: the next one has a new order
     log.write("done", step=step)
-    return finish(ctx, model, losses, seen, saves, resumed, load_ms)
+    return finish(ctx, model, losses, seen, saves, resumed)
 # --8<-- [end:train]
 
 
@@ -282,7 +283,7 @@ def crash_if_asked(ctx, job: Job, step: int, resumed: bool, log) -> None:
     raise RuntimeError(f"rank {ctx.rank} crashed on purpose at step {step}")
 
 
-def finish(ctx, model, losses, seen, saves, resumed, load_ms) -> dict:
+def finish(ctx, model, losses, seen, saves, resumed) -> dict:
     params = torch.cat([p.detach().reshape(-1) for p in model.module.parameters()])
     rank0 = params.clone()
     dist.broadcast(rank0, src=0)
@@ -291,7 +292,7 @@ def finish(ctx, model, losses, seen, saves, resumed, load_ms) -> dict:
     dist.all_gather_object(everyone, seen)
     return {"params": params.cpu(), "replica_diff": replica_diff, "losses": losses,
             "seen": {s: sorted(i for r in everyone for i in r[s]) for s in seen},
-            "saves": saves, "load_ms": load_ms,
+            "saves": saves, "load_ms": resumed["load_ms"] if resumed else None,
             "resumed_from": resumed["step"] if resumed else None}
 
 
@@ -347,8 +348,7 @@ def every_rank_saves(ctx, model, directory: Path) -> dict:
         dist.barrier()
         if writer:
             writer.write(data[len(data) // 2:])
-    return {"error": error, "file_mb": len(data) / 1e6,
-            "mb_written_by_all_ranks": ctx.world_size * len(data) / 1e6}
+    return {"error": error}
 # --8<-- [end:every_rank_saves]
 
 
@@ -537,10 +537,13 @@ def run_torchrun_restart(args, cfg: Config, work: Path) -> dict:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every rank it started
         output, _ = proc.communicate()
-        raise ddplab.RankFailed(0, "torchrun restart demo hung; its output is above",
-                                output[-4000:]) from None
+        raise ddplab.RankFailed(world - 1, "the torchrun restart demonstration hung "
+                                "(torchrun's output is above)", output[-4000:]) from None
     if proc.returncode != 0:
-        raise ddplab.RankFailed(0, f"torchrun exited with {proc.returncode}", output[-4000:])
+        root = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", output, re.DOTALL)
+        raise ddplab.RankFailed(int(root.group(1)) if root else world - 1,
+                                f"under torchrun (exit status {proc.returncode}); torchrun's "
+                                "output is above", output[-4000:])
     final = torch.load(run_dir / "final.pt", weights_only=True)
     return {"final": final, "log": read_log(run_dir / "log.jsonl"), "started": started,
             "wall_s": time.time() - started, "torchrun_lines": torchrun_lines(output)}
@@ -549,8 +552,8 @@ def run_torchrun_restart(args, cfg: Config, work: Path) -> dict:
 def torchrun_lines(output: str) -> list[str]:
     """torchrun's own words about the failure and the restart (without the log prefix)."""
     keep = ("failed (exitcode", "attempts left")
-    return [line.split("] ", 1)[-1].strip() for line in output.splitlines()
-            if any(k in line for k in keep)]
+    return [line.split("] ", 1)[-1].split(" of binary")[0].strip()
+            for line in output.splitlines() if any(k in line for k in keep)]
 
 
 def atomic_crash_demo(work: Path) -> dict:
@@ -607,15 +610,20 @@ def bad_input_demo(cfg: Config, good: Path, work: Path) -> dict:
         make_model(cfg, hidden=cfg.hidden // 2), state["model"], good.relative_to(work)))
     silently = torch.load(corrupted, weights_only=True)["model"]["0.weight"]  # no checksum check
     messages["torch_load_alone_changed_weight_by"] = max_abs_diff(silently, weight)
+    try:
+        torch.load(truncated, weights_only=True)
+        messages["torch_load_alone_truncated"] = "no error"
+    except Exception as err:
+        messages["torch_load_alone_truncated"] = one_line(err)
     return messages
 
 
-def dcp_bytes_per_rank(directory: Path, world: int) -> list[int]:
+def dcp_mb_per_rank(directory: Path, world: int) -> list[float]:
     """DCP files are named __<rank>_<n>.distcp; rank 0 also writes .metadata."""
     sizes = [0] * world
     for f in directory.iterdir():
         rank = 0 if f.name == ".metadata" else int(f.name.split("_")[2])
-        sizes[rank] += f.stat().st_size
+        sizes[rank] += f.stat().st_size / 1e6
     return sizes
 
 
@@ -637,7 +645,7 @@ def draw_resume(curves: dict, crash_at: int, checkpoint_at: int, path: Path) -> 
               "torchrun restart": dict(color=ok["orange"], lw=1.6, ls=(0, (1, 1.5))),
               "forgot the sampler position": dict(color=ok["vermillion"], lw=1.2, ls="--"),
               "forgot the RNG states": dict(color=ok["purple"], lw=1.2, ls="-.")}
-    fig, (top, bottom) = plotting.figure(2, 1, height=5.6, sharex=True,
+    fig, (top, bottom) = plotting.figure(2, 1, height=6.0, sharex=True,
                                          gridspec_kw={"height_ratios": [3, 2]})
     reference = curves["uninterrupted"]
     for name, series in curves.items():
@@ -660,7 +668,8 @@ def draw_resume(curves: dict, crash_at: int, checkpoint_at: int, path: Path) -> 
     bottom.text(checkpoint_at, 2e-7, "resumed correctly: exactly 0  ", ha="right", va="bottom",
                 fontsize=8)
     handles, labels = top.get_legend_handles_labels()
-    bottom.legend(handles, labels, ncols=2, loc="upper left", fontsize=8)
+    bottom.legend(handles, labels, ncols=3, fontsize=8, loc="upper center",
+                  bbox_to_anchor=(0.5, -0.35))
     top.set_title("Every correct resume retraces the uninterrupted run exactly")
     plotting.save(fig, path)
 
@@ -719,11 +728,14 @@ def draw_cost(metrics: dict, path: Path) -> None:
 
     ok = plotting.OKABE_ITO
     fig, (left, right) = plotting.figure(1, 2, height=3.0, gridspec_kw={"width_ratios": [3, 2]})
-    colors = {"collect": ok["purple"], "serialize": ok["blue"], "fsync": ok["orange"],
-              "rename": ok["green"], "prune, barrier": ok["grey"]}
+    phase_style = {"collect": ("collect state, gather RNG", ok["purple"]),
+                   "write": ("write + SHA-256", ok["blue"]), "fsync": ("fsync", ok["orange"]),
+                   "rename": ("rename, checksum file", ok["green"]),
+                   "prune_barrier": ("prune, barrier", ok["grey"])}
     edge = 0.0
     for name, value in metrics["save_phases_ms"].items():
-        left.barh(3, value, left=edge, color=colors[name], label=f"torch.save: {name}")
+        label, color = phase_style[name]
+        left.barh(3, value, left=edge, color=color, label=label)
         edge += value
     dcp, whole = metrics["dcp"], ok["sky"]
     left.barh(2, dcp["save_ms"], color=whole)
@@ -735,9 +747,9 @@ def draw_cost(metrics: dict, path: Path) -> None:
     left.legend(fontsize=7, loc="upper right")
     left.set_title("How long training waits")
 
-    world = len(dcp["bytes_per_rank"])
+    world = len(dcp["mb_per_rank"])
     groups = {"rank 0\nonly": [metrics["checkpoint_mb"]] + [0.0] * (world - 1),
-              "DCP": [b / 1e6 for b in dcp["bytes_per_rank"]],
+              "DCP": dcp["mb_per_rank"],
               "every rank\n(pitfall)": [metrics["checkpoint_mb"]] * world}
     width = 0.8 / world
     for r in range(world):
@@ -798,7 +810,7 @@ def run_chapter(args, work: Path) -> dict:
     phases = {k: timing.median([s["torch_phases"][k] for s in torch_saves])
               for k in torch_saves[0]["torch_phases"]}
     save_ms = timing.median([s["torch"] for s in torch_saves])
-    phases["prune, barrier"] = max(0.0, save_ms - sum(phases.values()))
+    phases["prune_barrier"] = max(0.0, save_ms - sum(phases.values()))
     good = ck.latest_checkpoint(work / "reference" / "torch")
     metrics = {
         "config": asdict(cfg),
@@ -808,9 +820,9 @@ def run_chapter(args, work: Path) -> dict:
         "pitfalls": reference["pitfalls"],
     }
     dcp_dir = ck.list_distributed(work / "reference" / "dcp")[-1]
-    dcp_bytes = dcp_bytes_per_rank(dcp_dir, provenance["world_size"])
+    dcp_mb = dcp_mb_per_rank(dcp_dir, provenance["world_size"])
     metrics["dcp"] = {"save_ms": timing.median([s["dcp"] for s in reference["saves"]]),
-                      "bytes_per_rank": dcp_bytes, "checkpoint_mb": sum(dcp_bytes) / 1e6}
+                      "mb_per_rank": dcp_mb, "checkpoint_mb": sum(dcp_mb)}
     metrics["bad_input"] = bad_input_demo(cfg, good, work)
     metrics["corrupt_file_error"] = metrics["bad_input"]["corrupted"]
     metrics["atomic"] = atomic_crash_demo(work)

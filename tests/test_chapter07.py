@@ -59,7 +59,7 @@ def test_torchrun_really_restarted_the_group(chapter):
 def test_costs_and_bad_input_messages(chapter):
     _, _, results = chapter
     assert results["save_ms"] > 0 and results["load_ms"] > 0 and results["checkpoint_mb"] > 0
-    assert sum(results["dcp"]["bytes_per_rank"]) > 0 and min(results["dcp"]["bytes_per_rank"]) > 0
+    assert min(results["dcp"]["mb_per_rank"]) > 0  # DCP spreads the writing
     bad = results["bad_input"]
     assert results["corrupt_file_error"] == bad["corrupted"]
     assert "truncated or corrupted" in bad["corrupted"] and "\n" not in bad["corrupted"]
