@@ -34,7 +34,7 @@ CPU_WORLD_SIZE = 4
 KiB, MiB = 1 << 10, 1 << 20
 TIMED_BYTES, QUICK_TIMED_BYTES = 4 * MiB, 256 * KiB
 
-# torch 2.13 renamed the flat-tensor variants (the old names still work, with a warning).
+# Newer torch (2.13, for one) renamed the flat-tensor variants; the old names warn but work.
 REDUCE_SCATTER_FLAT = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 ALL_GATHER_FLAT = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -151,17 +151,21 @@ def run_demos(ctx: ddplab.RankContext) -> dict:
 # --- what gloo in this torch can do -------------------------------------------------------------
 
 def probe_support(ctx: ddplab.RankContext) -> dict:
-    """Call each API once; record 'ok' or the error it raises on this backend."""
+    """Call each API once; record 'ok' or the error it raises on this backend.
+
+    all_reduce_avg is all_reduce(op=ReduceOp.AVG), which gloo long refused; *_flat are the
+    single-tensor variants (reduce_scatter_single / reduce_scatter_tensor, …).
+    """
     n, x = ctx.world_size, torch.ones(ctx.world_size, device=ctx.device)
     probes = {
-        "all_reduce(op=AVG)": lambda: dist.all_reduce(x.clone(), op=dist.ReduceOp.AVG),
+        "all_reduce_avg": lambda: dist.all_reduce(x.clone(), op=dist.ReduceOp.AVG),
         "reduce_scatter": lambda: dist.reduce_scatter(x[:1].clone(), list(x.clone().chunk(n))),
-        REDUCE_SCATTER_FLAT.__name__: lambda: REDUCE_SCATTER_FLAT(x[:1].clone(), x.clone()),
+        "reduce_scatter_flat": lambda: REDUCE_SCATTER_FLAT(x[:1].clone(), x.clone()),
         "all_to_all": lambda: dist.all_to_all(list(x.clone().chunk(n)),
                                               list(x.clone().chunk(n))),
         "all_to_all_single": lambda: dist.all_to_all_single(x.clone(), x.clone()),
-        ALL_GATHER_FLAT.__name__: lambda: ALL_GATHER_FLAT(torch.empty(n * n, device=x.device),
-                                                          x.clone()),
+        "all_gather_flat": lambda: ALL_GATHER_FLAT(torch.empty(n * n, device=x.device),
+                                                    x.clone()),
     }
     support = {}
     for name, call in probes.items():
@@ -220,7 +224,7 @@ def timed_steps(ctx: ddplab.RankContext, nbytes: int) -> dict:
         "all_gather": lambda: dist.all_gather(pieces, piece),
         "all_reduce": lambda: dist.all_reduce(full),
         "reduce_scatter": lambda: dist.reduce_scatter(out_piece, pieces),
-        REDUCE_SCATTER_FLAT.__name__: lambda: REDUCE_SCATTER_FLAT(out_piece, full),
+        "reduce_scatter_flat": lambda: REDUCE_SCATTER_FLAT(out_piece, full),
         "all_to_all": lambda: dist.all_to_all_single(out_full, full),
     }
 # --8<-- [end:timed]
@@ -346,15 +350,16 @@ def main(argv: list[str] | None = None) -> dict | None:
     result, n = run.result, run.provenance["world_size"]
     s = result["timed_bytes"]
     table = traffic_table(result["time_ms"], n, s)
-    flat = REDUCE_SCATTER_FLAT.__name__
     metrics = {
         "states": result["states"], "support": result["support"], "timed_bytes": s,
         "timed_kib": s / KiB, "collectives": table,
-        "api": {"reduce_scatter_flat": flat, "all_gather_flat": ALL_GATHER_FLAT.__name__},
+        # the names behind the *_flat keys in this torch
+        "api": {"reduce_scatter_flat": REDUCE_SCATTER_FLAT.__name__,
+                "all_gather_flat": ALL_GATHER_FLAT.__name__},
         "reduce_scatter_over_all_reduce_time":
             table["reduce_scatter"]["time_ms"] / table["all_reduce"]["time_ms"],
         "reduce_scatter_flat_over_all_reduce_time":
-            table[flat]["time_ms"] / table["all_reduce"]["time_ms"],
+            table["reduce_scatter_flat"]["time_ms"] / table["all_reduce"]["time_ms"],
     }
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         for name, state in result["states"].items():

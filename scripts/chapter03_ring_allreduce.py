@@ -282,7 +282,13 @@ def segment_summary(seg: dict, times: dict, world: int) -> dict:
             for s, t in zip(seg["segment_bytes"], seg["times_ms"], strict=True)]
     by_size = {r["segment_bytes"]: r["time_ms"] for r in rows}
     default = by_size.get(SEGMENT_BYTES)
+    # Each rank sends one message per segment per step: 2(N-1) steps of ceil(chunk/segment).
+    messages = {seg: 2 * (world - 1) * math.ceil(size / world / (seg or size)) for seg in by_size}
+    smallest = min(s for s in by_size if s)
+    per_message = ((by_size[smallest] - default) / (messages[smallest] - messages[SEGMENT_BYTES])
+                   if default and messages[smallest] > messages[SEGMENT_BYTES] else None)
     return {"size_bytes": size, "rows": rows,
+            "extra_ms_per_message": per_message,
             "best": min(rows, key=lambda r: r["time_ms"])["segment_label"],
             "default_segment": label_bytes(SEGMENT_BYTES),
             "whole_chunk_over_default_time": by_size[None] / default if default else None,
