@@ -727,7 +727,7 @@ def draw_cost(metrics: dict, path: Path) -> None:
     from ddplab import plotting
 
     ok = plotting.OKABE_ITO
-    fig, (left, right) = plotting.figure(1, 2, height=3.0, gridspec_kw={"width_ratios": [3, 2]})
+    fig, (left, right) = plotting.figure(1, 2, height=3.4, gridspec_kw={"width_ratios": [3, 2]})
     phase_style = {"collect": ("collect state, gather RNG", ok["purple"]),
                    "write": ("write + SHA-256", ok["blue"]), "fsync": ("fsync", ok["orange"]),
                    "rename": ("rename, checksum file", ok["green"]),
@@ -744,7 +744,7 @@ def draw_cost(metrics: dict, path: Path) -> None:
     left.set_yticks([3, 2, 1, 0], ["save: rank 0,\ntorch.save", "save: DCP,\nevery rank",
                                    "load: torch.load", "load: DCP"])
     left.set_xlabel("median time (ms), slowest rank for loads")
-    left.legend(fontsize=7, loc="upper right")
+    left.legend(fontsize=7, ncols=2, loc="upper center", bbox_to_anchor=(0.45, -0.28))
     left.set_title("How long training waits")
 
     world = len(dcp["mb_per_rank"])
@@ -901,7 +901,8 @@ def forgetful_resumes(resumed: dict, reference: dict, ref_params: torch.Tensor) 
     out["forgot_sampler"] = {"max_abs_diff": max_abs_diff(sampler["params"], ref_params),
                              "batches_after_resume": len(sampler["seen"]),
                              "batches_different": changed,
-                             "samples_repeated": sum(v for v in visits.values() if v > 0)}
+                             "samples_seen_more_often": sum(v > 0 for v in visits.values()),
+                             "samples_seen_less_often": sum(v < 0 for v in visits.values())}
     out["forgot_rng"] = {"max_abs_diff": max_abs_diff(rng["params"], ref_params)}
     loader = resumed["forgot"]["loader_rng"]
     out["loader_without_generator"] = {

@@ -82,7 +82,7 @@ def test_pitfalls_show_their_real_errors_and_differences(chapter):
     assert pitfalls["no_map_location"]["saved_on"] == ["cuda:0"]
     assert "model.module.state_dict()" in pitfalls["ddp_prefix"]["our_error"]
     sampler = pitfalls["forgot_sampler"]
-    assert sampler["max_abs_diff"] > 0 and sampler["samples_repeated"] > 0
+    assert sampler["max_abs_diff"] > 0 and sampler["samples_seen_more_often"] > 0
     assert sampler["batches_different"] == sampler["batches_after_resume"]
     assert pitfalls["forgot_rng"]["max_abs_diff"] > 0
     assert pitfalls["loader_without_generator"]["max_abs_diff"] > 0
