@@ -15,10 +15,10 @@ Run it:
     make run-chapter06
 
 Writes figures/chapter06/: timeline_native.png, timeline_bucketed.png, straggler.png,
-straggler_timeline.png, sync_points.png, rank0_work.png, uneven_join.png, the Chrome/Perfetto
-traces trace_native_ddp.json, trace_bucketed_ddp.json, trace_straggler.json (open them at
-https://ui.perfetto.dev), on GPUs also torch.profiler traces profiler_rank<N>.json, and
-results.json (or under --out DIR).
+straggler_timeline.png, sync_points.png, syncbn_timeline.png, rank0_work.png, uneven_join.png,
+the Chrome/Perfetto traces trace_native_ddp.json, trace_bucketed_ddp.json, trace_straggler.json
+(open them at https://ui.perfetto.dev), on GPUs also torch.profiler traces
+profiler_rank<N>.json, and results.json (or under --out DIR).
 """
 
 from __future__ import annotations
@@ -569,9 +569,9 @@ def uneven_without_join(ctx, args) -> None:
 def run_hang_demo(worker, args) -> dict:
     """Run ``worker`` as its own job with a short timeout, expecting it to fail."""
     if started_by_torchrun():
-        return {"what_happened": "skipped under torchrun: there the processes are the ranks, "
-                                 "and a job that hangs on purpose would end the run; run the "
-                                 "script with python to see it", "timed_out": None}
+        return {"what_happened": "skipped under torchrun: run the script with python to see it",
+                "why": "under torchrun the processes are the ranks, and a job that hangs on "
+                       "purpose would end the run", "timed_out": None}
     demo = copy.copy(args)
     demo.timeout = HANG_TIMEOUT_S
     start = time.perf_counter()
