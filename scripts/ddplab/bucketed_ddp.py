@@ -134,7 +134,8 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
         self.timeline = timeline
         self.overlap = overlap
         self.world_size = dist.get_world_size()
-        broadcast_from_rank0([*module.parameters(), *module.buffers()])
+        self._buffers_to_sync = list(module.buffers())
+        broadcast_from_rank0([*module.parameters(), *self._buffers_to_sync])
 
         trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         groups = assign_buckets(trainable, int(bucket_cap_mb * MiB))
@@ -159,9 +160,8 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
     # --8<-- [start:forward]
     def forward(self, *args, **kwargs):
         self._sync_this_backward = self.do_sync and torch.is_grad_enabled()
-        buffers = list(self.module.buffers())
-        if torch.is_grad_enabled() and buffers and self.world_size > 1:
-            broadcast_from_rank0(buffers)  # every rank normalises with rank 0's statistics
+        if torch.is_grad_enabled() and self._buffers_to_sync and self.world_size > 1:
+            broadcast_from_rank0(self._buffers_to_sync)  # rank 0's BatchNorm statistics for all
         return self.module(*args, **kwargs)
     # --8<-- [end:forward]
 
@@ -204,39 +204,44 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
     def _finish_backward(self) -> None:
         """Runs once, after the whole backward pass (the autograd engine calls it)."""
         self._finish_queued = False
+        started_ms = self.timeline.now() if self.timeline is not None else 0.0
         try:
             missing = [b.names[i] for b in self.buckets
                        for i in range(len(b.params)) if i not in b.ready]
-            if not missing:
-                self._launch_full_buckets()  # with overlap=False: all of them, now
-            self._wait_for_launched_buckets()  # even on error: keeps the ranks' collectives matched
             if missing:
+                self._wait_for_buckets(copy_back=False)  # keeps the ranks' collectives matched
                 raise RuntimeError(
                     f"BucketedDDP: {len(missing)} parameter(s) got no gradient in this backward "
                     f"pass, first {missing[0]!r}, so their bucket can never be all-reduced. "
                     "Every parameter that requires grad must contribute to the loss on every "
                     "rank: freeze the unused ones with requires_grad_(False) before wrapping")
-            for bucket in self.buckets:
-                for param, view in zip(bucket.params, bucket.views, strict=True):
-                    param.grad.copy_(view)  # the average, back where the optimizer looks
+            self._launch_full_buckets()  # with overlap=False: all of them, now
+            self._wait_for_buckets(copy_back=True)
         finally:
+            if self.timeline is not None:
+                self._record_timeline(started_ms)
             for bucket in self.buckets:
                 bucket.ready.clear()
                 bucket.work = None
             self._next_bucket = 0
 
-    def _wait_for_launched_buckets(self) -> None:
-        start = self.timeline.now() if self.timeline is not None else 0.0
+    def _wait_for_buckets(self, copy_back: bool) -> None:
+        """Wait for the launched buckets in order.  Bucket i's averages are copied back into
+        ``param.grad`` while bucket i + 1 may still be in flight."""
         for bucket in self.buckets[:self._next_bucket]:
             bucket.work.wait()
-        if self.timeline is None:
-            return
-        self.timeline.add("wait for buckets", "wait", start, self.timeline.now())
+            if copy_back:
+                for param, view in zip(bucket.params, bucket.views, strict=True):
+                    param.grad.copy_(view)  # the average, back where the optimizer looks
+    # --8<-- [end:finish]
+
+    def _record_timeline(self, started_ms: float) -> None:
+        now = self.timeline.now()
+        self.timeline.add("wait for buckets", "wait", started_ms, now)
         for bucket in self.buckets[:self._next_bucket]:
-            end = bucket.done_ms if bucket.done_ms is not None else self.timeline.now()
+            end = bucket.done_ms if bucket.done_ms is not None else now
             self.timeline.add(f"bucket {bucket.index}", "comm", bucket.launched_ms, end,
                               bytes=bucket.nbytes)
-    # --8<-- [end:finish]
 
     def _completion_recorder(self, bucket: Bucket):
         timeline = self.timeline
