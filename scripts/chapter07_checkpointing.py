@@ -744,7 +744,7 @@ def draw_cost(metrics: dict, path: Path) -> None:
     left.set_yticks([3, 2, 1, 0], ["save: rank 0,\ntorch.save", "save: DCP,\nevery rank",
                                    "load: torch.load", "load: DCP"])
     left.set_xlabel("median time (ms), slowest rank for loads")
-    left.legend(fontsize=7, ncols=2, loc="upper center", bbox_to_anchor=(0.45, -0.28))
+    left.legend(fontsize=7, ncols=2, loc="upper center", bbox_to_anchor=(0.45, -0.2))
     left.set_title("How long training waits")
 
     world = len(dcp["mb_per_rank"])
