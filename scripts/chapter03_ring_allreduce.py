@@ -262,11 +262,16 @@ def analyse(result: dict, world: int) -> dict:
 
 def correctness_summary(rows: list[dict], world: int) -> dict:
     floats = [r for r in rows if r["dtype"] != "int64"]
+    sizes, dtypes = sorted({r["size"] for r in rows}), sorted({r["dtype"] for r in rows})
+    bitwise = all(r["bitwise_equal"] for r in floats)
     return {
         "checks": len(rows),
         "passed": sum(r["within_bound"] for r in rows),
-        "sizes": sorted({r["size"] for r in rows}),
-        "dtypes": sorted({r["dtype"] for r in rows}),
+        "sizes": sizes,
+        "dtypes": dtypes,
+        "sizes_text": ", ".join(map(str, sizes[:-1])) + f" and {sizes[-1]:,}",  # for the page
+        "dtypes_text": ", ".join(dtypes),
+        "floats_text": "bitwise identical" if bitwise else "within the bound, not bitwise equal",
         "integers_exact": all(r["bitwise_equal"] for r in rows if r["dtype"] == "int64"),
         "floats_bitwise_equal": all(r["bitwise_equal"] for r in floats),
         "max_abs_diff_float32": max(r["max_abs_diff"] for r in floats if r["dtype"] == "float32"),
@@ -287,7 +292,7 @@ def segment_summary(seg: dict, times: dict, world: int) -> dict:
     smallest = min(s for s in by_size if s)
     per_message = ((by_size[smallest] - default) / (messages[smallest] - messages[SEGMENT_BYTES])
                    if default and messages[smallest] > messages[SEGMENT_BYTES] else None)
-    return {"size_bytes": size, "rows": rows,
+    return {"size_bytes": size, "size_label": label_bytes(size), "rows": rows,
             "extra_ms_per_message": per_message,
             "best": min(rows, key=lambda r: r["time_ms"])["segment_label"],
             "default_segment": label_bytes(SEGMENT_BYTES),
@@ -316,7 +321,7 @@ def world_size_sweep(args, main_world: int, main_result: dict) -> tuple[dict, li
         run = ddplab.launch(sweep_worker, sub)
         rows[world] = run.result["times_ms"]
         traces[world] = run.result["trace"]
-    scaling = {"size_bytes": size, "world_sizes": list(rows),
+    scaling = {"size_bytes": size, "size_label": label_bytes(size), "world_sizes": list(rows),
                "time_ms": {name: {str(w): rows[w][name] for w in rows} for name in IMPLS}}
     return scaling, traces[max(traces)]
 
