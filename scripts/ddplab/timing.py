@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -40,20 +40,28 @@ def time_steps(step: Callable[[], object], *, steps: int, warmup: int = 2,
 
 
 def compare(variants: dict[str, Callable[[], object]], *, rounds: int, steps_per_round: int = 1,
-            warmup: int = 2, device: torch.device | None = None,
-            barrier: bool = True) -> dict[str, list[float]]:
+            warmup: int = 2, device: torch.device | None = None, barrier: bool = True,
+            rotate: bool = False,
+            progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
+            ) -> dict[str, list[float]]:
     """Time several variants interleaved: A B C, A B C, … ``rounds`` times.
 
     Each variant first runs ``warmup`` untimed steps.  Every rank must pass the same variants
     in the same order (they contain collectives).  Returns the samples (ms) of each variant.
+    ``rotate``: round r starts with variant r (A B C, B C A, C A B, …), so that no variant
+    always runs right after the same other one (a slow predecessor can leave caches cold or a
+    communication thread busy).  ``progress`` wraps the rounds, e.g. in a progress bar.
     """
     for step in variants.values():
         for _ in range(warmup):
             step()
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, step in variants.items():
-            samples[name] += time_steps(step, steps=steps_per_round, warmup=0,
+    names = list(variants)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    rounds_iter = range(rounds) if progress is None else progress(range(rounds))
+    for r in rounds_iter:
+        shift = r % len(names) if rotate and names else 0
+        for name in names[shift:] + names[:shift]:
+            samples[name] += time_steps(variants[name], steps=steps_per_round, warmup=0,
                                         device=device, barrier=barrier)
     return samples
 
@@ -71,6 +79,21 @@ def slowest_rank(value: float) -> float:
         t = t.cuda()
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
+
+
+def slowest_rank_per_step(samples: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Step by step, the slowest rank's time: what a synchronous step really took.
+
+    A collective: every rank calls it with the same names and the same number of samples.
+    """
+    if not dist.is_initialized():
+        return samples
+    names = list(samples)
+    t = torch.tensor([samples[n] for n in names], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return {n: row.tolist() for n, row in zip(names, t.cpu(), strict=True)}
 
 
 def _line_up(device: torch.device | None, barrier: bool) -> None:

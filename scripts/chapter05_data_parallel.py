@@ -1,0 +1,744 @@
+"""Chapter 05 — data-parallel training: NaiveDDP, BucketedDDP and native DDP, side by side.
+
+One training task; three implementations of data parallelism and a single process as the
+reference.  The script trains them in lockstep from the same start on the same data and prints
+how far apart their parameters end up (0 means bit for bit); times one training step of each
+(interleaved, warm-up skipped) and measures peak memory per rank; shows how the data is sharded;
+and measures throughput with 1, 2 and 4 ranks (1 … all GPUs on a GPU box).
+
+The data set is generated, not downloaded: see ``make_task`` for the recipe.
+
+Run it:
+    make run-chapter05                                  # runs the next line
+    python scripts/chapter05_data_parallel.py           # 2 CPU ranks, or one rank per GPU
+    python scripts/chapter05_data_parallel.py --quick   # under a minute on a 2-core laptop
+    torchrun --standalone --nproc-per-node 2 scripts/chapter05_data_parallel.py  # no scaling sweep
+    python scripts/chapter05_data_parallel.py --size large   # a bigger model, for GPU throughput
+
+Writes figures/chapter05/{equivalence.png, speed.png, scaling.png, sharding.png, results.json}
+(or under --out DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import ddplab
+from ddplab import BucketedDDP, NaiveDDP, timing
+from ddplab.memory import PeakMemory
+from ddplab.models import ResidualMLP, make_clusters
+
+CHAPTER = 5
+VARIANTS = ("local", "naive", "bucketed", "native")
+LABELS = {"local": "local (no communication)", "naive": "NaiveDDP", "bucketed": "BucketedDDP",
+          "native": "native DDP", "single": "one process, global batch",
+          "no_sync": "BucketedDDP + no_sync"}
+SHORT = {"local": "local\n(no comm.)", "naive": "Naive", "bucketed": "Bucketed",
+         "native": "native"}
+
+
+@dataclass(frozen=True)
+class Size:
+    features: int
+    width: int
+    hidden: int
+    blocks: int
+    classes: int
+    batch: int          # samples per rank per step
+    train: int          # training samples (the --quick run uses a quarter)
+    test: int
+
+
+SIZES = {
+    # Small enough for a laptop CPU; 2.1 M parameters (8 MiB of gradients) in 30 tensors.
+    "default": Size(features=64, width=256, hidden=1024, blocks=4, classes=10, batch=128,
+                    train=16384, test=4096),
+    # For GPU boxes: 67 M parameters, compute-heavy enough for GPUs to show their throughput.
+    "large": Size(features=256, width=1024, hidden=4096, blocks=8, classes=100, batch=256,
+                  train=65536, test=8192),
+}
+LR, MOMENTUM, EPOCHS = 0.05, 0.9, 2
+
+
+DATA_SEED = 5  # the task is fixed; --seed changes the model's initialisation, not the data
+
+
+def make_task(size: Size, quick: bool) -> tuple[TensorDataset, TensorDataset]:
+    """Training and test sets from one draw of ``make_clusters`` (so they share the centres)."""
+    n_train = size.train // 4 if quick else size.train
+    x, y = make_clusters(n_train + size.test, size.features, size.classes, seed=DATA_SEED)
+    return TensorDataset(x[:n_train], y[:n_train]), TensorDataset(x[n_train:], y[n_train:])
+
+
+def build_model(size: Size) -> nn.Module:
+    return ResidualMLP(size.features, size.width, size.hidden, size.blocks, size.classes)
+
+
+# --- the three wrappers, and one training step for all of them -------------------------------
+
+# --8<-- [start:wrap]
+def wrap(kind: str, model: nn.Module, ctx: ddplab.RankContext, bucket_cap_mb: float):
+    """The same model, made data-parallel three ways (or not at all: ``local``)."""
+    if kind == "local":
+        return model  # every rank trains alone: the cost of a step without communication
+    if kind == "naive":
+        return NaiveDDP(model)
+    if kind == "bucketed":
+        return BucketedDDP(model, bucket_cap_mb=bucket_cap_mb)
+    gpu = [ctx.local_rank] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=gpu, bucket_cap_mb=bucket_cap_mb)
+# --8<-- [end:wrap]
+
+
+# --8<-- [start:step]
+def train_step(model, optimizer, x, y) -> torch.Tensor:
+    """One step, the same for every variant; only NaiveDDP needs the extra call."""
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()                  # BucketedDDP and native DDP average the gradients in here
+    if isinstance(model, NaiveDDP):
+        model.sync_gradients()       # NaiveDDP: afterwards, one parameter at a time
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+# --8<-- [end:step]
+
+
+# --8<-- [start:accumulate]
+def accumulation_step(model, optimizer, x, y, micro_batches: int) -> torch.Tensor:
+    """The same step computed from smaller pieces: gradients add up locally in ``param.grad``,
+    and only the last micro-batch's backward communicates."""
+    total = torch.zeros((), device=x.device)
+    pieces = zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True)
+    for i, (x_micro, y_micro) in enumerate(pieces):
+        last = i == micro_batches - 1
+        with nullcontext() if last else model.no_sync():
+            loss = F.cross_entropy(model(x_micro), y_micro) / micro_batches  # equal pieces
+            loss.backward()
+        total += loss.detach()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+# --8<-- [end:accumulate]
+
+
+def sgd(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+
+
+@torch.no_grad()
+def max_abs_diff(a: nn.Module, b: nn.Module) -> float:
+    """Largest |a − b| over all parameters: 0.0 means bit-for-bit equal."""
+    return max((p - q).abs().max().item() for p, q in
+               zip(a.parameters(), b.parameters(), strict=True))
+
+
+def max_over_ranks(values: torch.Tensor) -> torch.Tensor:
+    values = values.to(ddplab_device())
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return values.cpu()
+
+
+def mean_over_ranks(values: torch.Tensor) -> torch.Tensor:
+    values = values.to(ddplab_device())
+    dist.all_reduce(values)
+    return values.cpu() / dist.get_world_size()
+
+
+def ddplab_device() -> torch.device:
+    """Collectives on nccl need CUDA tensors; gloo takes CPU tensors."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+# --- 1. same numbers: train every variant in lockstep ---------------------------------------
+
+# --8<-- [start:shards]
+def shard_loaders(train_set, ctx: ddplab.RankContext, batch: int):
+    """One DataLoader per rank over its shard; this rank uses its own, rank 0 also the others
+    (to build the whole global batch for the single-process reference)."""
+    samplers = [DistributedSampler(train_set, num_replicas=ctx.world_size, rank=r,
+                                   shuffle=True, seed=ctx.seed, drop_last=True)
+                for r in range(ctx.world_size)]
+    loaders = [DataLoader(train_set, batch_size=batch, sampler=s, drop_last=True)
+               for s in samplers]
+    return samplers, loaders
+
+
+def epochs_of_batches(samplers, loaders):
+    """Every rank's batch of each step, epoch after epoch."""
+    for epoch in range(EPOCHS):
+        for sampler in samplers:
+            sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
+        yield from zip(*loaders, strict=True)
+# --8<-- [end:shards]
+
+
+def train_side_by_side(ctx, args, model: nn.Module, train_set, test_set) -> dict:
+    size = SIZES[args.size]
+    variants = {kind: wrap(kind, copy.deepcopy(model), ctx, args.bucket_cap_mb)
+                for kind in ("native", "naive", "bucketed")}
+    variants["no_sync"] = wrap("bucketed", copy.deepcopy(model), ctx, args.bucket_cap_mb)
+    single = copy.deepcopy(model) if ctx.is_main else None  # the reference: no communication
+    optimizers = {kind: sgd(m) for kind, m in variants.items()}
+    single_opt = sgd(single) if single is not None else None
+
+    samplers, loaders = shard_loaders(train_set, ctx, size.batch)
+    losses = {kind: [] for kind in [*variants, "single"]}
+    diffs = []  # per step: naive, bucketed, single process vs native; no_sync vs bucketed
+    steps = EPOCHS * len(loaders[0])
+    for batches in ddplab.progress(epochs_of_batches(samplers, loaders), ctx,
+                                   "training 4 variants + 1 process in lockstep", total=steps):
+        x, y = (t.to(ctx.device) for t in batches[ctx.rank])
+        for kind in ("native", "naive", "bucketed"):
+            losses[kind].append(train_step(variants[kind], optimizers[kind], x, y))
+        losses["no_sync"].append(accumulation_step(variants["no_sync"], optimizers["no_sync"],
+                                                   x, y, args.micro_batches))
+        if single is not None:  # the global batch: every rank's batch, in rank order
+            xg = torch.cat([b[0] for b in batches]).to(ctx.device)
+            yg = torch.cat([b[1] for b in batches]).to(ctx.device)
+            losses["single"].append(train_step(single, single_opt, xg, yg))
+        native = variants["native"].module
+        diffs.append([max_abs_diff(variants["naive"].module, native),
+                      max_abs_diff(variants["bucketed"].module, native),
+                      max_abs_diff(single, native) if single is not None else 0.0,
+                      max_abs_diff(variants["no_sync"].module, variants["bucketed"].module)])
+    diffs = max_over_ranks(torch.tensor(diffs, dtype=torch.float64))
+    curves = {kind: mean_over_ranks(torch.stack(v).double()).tolist()
+              for kind, v in losses.items() if kind != "single"}
+    final = diffs[-1].tolist()
+    return {
+        "equivalence": {"naive_vs_native": final[0], "bucketed_vs_native": final[1],
+                        "ddp_vs_single_process": final[2], "no_sync_vs_large_batch": final[3]},
+        "training": {
+            "steps": steps, "epochs": EPOCHS, "global_batch": size.batch * ctx.world_size,
+            "micro_batches": args.micro_batches, "lr": LR, "momentum": MOMENTUM,
+            "train_samples": len(train_set), "test_samples": len(test_set),
+            "test_accuracy": accuracy(variants["native"].module, test_set, ctx.device),
+            "test_accuracy_single_process":
+                accuracy(single, test_set, ctx.device) if single is not None else None,
+            "loss": {**curves, "single": [v.item() for v in losses["single"]]},
+            "max_abs_diff_per_step": {
+                name: diffs[:, i].tolist() for i, name in
+                enumerate(("naive_vs_native", "bucketed_vs_native", "ddp_vs_single_process",
+                           "no_sync_vs_large_batch"))},
+        },
+    }
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, dataset: TensorDataset, device: torch.device) -> float:
+    model.eval()
+    x, y = (t.to(device) for t in dataset.tensors)
+    correct = sum((model(xb).argmax(1) == yb).sum().item()
+                  for xb, yb in zip(x.split(1024), y.split(1024), strict=True))
+    model.train()
+    return correct / len(y)
+
+
+# --- 2. speed and memory ---------------------------------------------------------------------
+
+def rank_batches(train_set, ctx, batch: int, count: int) -> list[tuple[torch.Tensor, ...]]:
+    """``count`` different batches of this rank's shard, already on the device."""
+    sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank,
+                                 shuffle=True, seed=ctx.seed, drop_last=True)
+    loader = DataLoader(train_set, batch_size=batch, sampler=sampler, drop_last=True)
+    out = []
+    for x, y in loader:
+        out.append((x.to(ctx.device), y.to(ctx.device)))
+        if len(out) == count:
+            break
+    return out
+
+
+def stepper(model, batches):
+    """A zero-argument step for ``timing.compare`` that cycles through ``batches``."""
+    optimizer = sgd(model)
+    state = {"i": 0}
+
+    def step():
+        x, y = batches[state["i"] % len(batches)]
+        state["i"] += 1
+        train_step(model, optimizer, x, y)
+    return step
+
+
+def timed_sync(naive: NaiveDDP, record: list[float]) -> None:
+    """Time NaiveDDP's communication on its own (it is a separate call after backward)."""
+    sync = naive.sync_gradients
+
+    def timed():
+        start = time.perf_counter()
+        sync()
+        record.append((time.perf_counter() - start) * 1e3)
+    naive.sync_gradients = timed
+
+
+def time_variants(ctx, model: nn.Module, batches, kinds, cap_mb: float, rounds: int,
+                  desc: str) -> tuple[dict[str, list[float]], dict]:
+    """Per-round step times (ms, the slowest rank's) of each variant, interleaved and rotated."""
+    models = {kind: wrap(kind, copy.deepcopy(model), ctx, cap_mb) for kind in kinds}
+    naive_sync_ms: list[float] = []
+    if "naive" in models:
+        timed_sync(models["naive"], naive_sync_ms)
+    steps = {kind: stepper(m, batches) for kind, m in models.items()}
+    timing.compare(steps, rounds=0, warmup=3, device=ctx.device)  # warm-up only
+    naive_sync_ms.clear()
+    samples = timing.compare(steps, rounds=rounds, warmup=0, device=ctx.device, rotate=True,
+                             progress=lambda r: ddplab.progress(r, ctx, desc))
+    per_round = timing.slowest_rank_per_step(samples)  # a step is as slow as its slowest rank
+    info = {"buckets": {}}
+    if "naive" in models:
+        info["naive_sync_ms"] = statistics.median(naive_sync_ms)
+        info["naive_allreduce_calls"] = sum(p.requires_grad for p in model.parameters())
+    if "bucketed" in models:
+        info["buckets"]["bucketed"] = [b.nbytes for b in models["bucketed"].buckets]
+    if "native" in models:
+        info["buckets"]["native"] = native_bucket_bytes(models["native"])
+    return per_round, info
+
+
+def native_bucket_bytes(ddp: DistributedDataParallel) -> list[int] | None:
+    """Native DDP's bucket sizes after its first-iteration rebuild (from its logging data)."""
+    try:
+        data = ddp._get_ddp_logging_data()
+        sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
+        return [int(s) for s in str(sizes).split(",")]
+    except (AttributeError, RuntimeError, ValueError):  # a private API: may change
+        return None
+
+
+def allreduce_ms(numel: int, device: torch.device, repeats: int) -> float:
+    """Median time of one blocking all-reduce of ``numel`` floats."""
+    t = torch.zeros(numel, device=device)
+    samples = timing.time_steps(lambda: dist.all_reduce(t), steps=repeats, warmup=2,
+                                device=device)
+    return float(max_over_ranks(torch.tensor([statistics.median(samples)]))[0])
+
+
+def measure_speed(ctx, args, model: nn.Module, train_set) -> dict:
+    size = SIZES[args.size]
+    rounds = 15 if ctx.quick else 100
+    batches = rank_batches(train_set, ctx, size.batch, count=8)
+    per_round, info = time_variants(ctx, model, batches, VARIANTS, args.bucket_cap_mb, rounds,
+                                    "timing local / naive / bucketed / native")
+    median = {k: statistics.median(v) for k, v in per_round.items()}
+    # Paired ratios: each round's step against native's step of the same round, then the median.
+    ratio = {k: statistics.median(a / b for a, b in zip(per_round[k], per_round["native"],
+                                                         strict=True))
+             for k in ("naive", "bucketed", "local")}
+    grad_numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {
+        "step_time_ms": median,
+        "ratio_to_native": ratio,
+        "step_time_quartiles_ms": {k: statistics.quantiles(v, n=4)[::2]
+                                   for k, v in per_round.items()},
+        "timing": {"rounds": rounds, "warmup_steps": 3, "per_rank_batch": size.batch,
+                   "bucket_cap_mb": args.bucket_cap_mb},
+        "why_naive_is_slower": {
+            "allreduce_calls": {"naive": info["naive_allreduce_calls"],
+                                "bucketed": len(info["buckets"]["bucketed"]),
+                                "native": len(info["buckets"]["native"] or [])},
+            "bucket_bytes": info["buckets"],
+            "naive_sync_ms": info["naive_sync_ms"],
+            "small_allreduce_ms": allreduce_ms(1, ctx.device, 30 if ctx.quick else 100),
+            "whole_gradient_allreduce_ms": allreduce_ms(grad_numel, ctx.device,
+                                                        5 if ctx.quick else 20),
+            "gradient_mib": grad_numel * 4 / 2**20,
+        },
+    }
+
+
+def measure_memory(ctx, args, model: nn.Module, train_set) -> dict:
+    """Peak memory each variant adds on this rank: model copy, gradients, buckets, optimizer
+    state and activations of a few steps (RSS growth on CPU, allocator peak on GPU)."""
+    batches = rank_batches(train_set, ctx, SIZES[args.size].batch, count=3)
+    peaks = {}
+    for kind in ("local", *VARIANTS):  # the first run only warms up (one-off allocations)
+        with PeakMemory(ctx.device) as peak:
+            step = stepper(wrap(kind, copy.deepcopy(model), ctx, args.bucket_cap_mb), batches)
+            for _ in batches:
+                step()
+            del step
+        peaks[kind] = peak.mib
+    if any(v is None for v in peaks.values()):
+        return {"peak_memory_mb": dict.fromkeys(VARIANTS)}
+    worst = max_over_ranks(torch.tensor([peaks[k] for k in VARIANTS], dtype=torch.float64))
+    return {"peak_memory_mb": dict(zip(VARIANTS, worst.tolist(), strict=True))}
+
+
+def worker(ctx: ddplab.RankContext, args) -> dict | None:
+    """Runs on every rank."""
+    size = SIZES[args.size]
+    train_set, test_set = make_task(size, ctx.quick)
+    torch.manual_seed(ctx.seed)  # the same initial model on every rank
+    model = build_model(size).to(ctx.device)
+    result = {"model": {"name": "ResidualMLP", **asdict(size),
+                        "parameters": sum(p.numel() for p in model.parameters()),
+                        "parameter_tensors": len(list(model.parameters()))}}
+    result.update(train_side_by_side(ctx, args, model, train_set, test_set))
+    result.update(measure_speed(ctx, args, model, train_set))
+    result.update(measure_memory(ctx, args, model, train_set))
+    return result if ctx.is_main else None
+
+
+# --- 3. throughput against world size (one launch per world size) ---------------------------
+
+SWEPT = ("local", "bucketed", "native")
+
+
+def throughput_worker(ctx: ddplab.RankContext, args) -> dict | None:
+    if ctx.device.type == "cpu":
+        torch.set_num_threads(1)  # one core per rank, as one GPU per rank: a rank is a worker
+    size = SIZES[args.size]
+    train_set, _ = make_task(size, ctx.quick)
+    torch.manual_seed(ctx.seed)
+    model = build_model(size).to(ctx.device)
+    batches = rank_batches(train_set, ctx, size.batch, count=4)
+    per_round, _ = time_variants(ctx, model, batches, SWEPT, args.bucket_cap_mb,
+                                 rounds=10 if ctx.quick else 30,
+                                 desc=f"throughput with {ctx.world_size} rank(s)")
+    return {k: statistics.median(v) for k, v in per_round.items()} if ctx.is_main else None
+
+
+def sweep_world_sizes(args, main_run: ddplab.Run, main_result: dict) -> dict:
+    """Samples per second for 1, 2, 4 ranks (1 … all GPUs): each size is a launch of its own.
+
+    On CPU every rank gets one core's worth of threads, so that adding a rank adds a worker,
+    as adding a GPU would; the main run is reused when its ranks had one thread each too.
+    """
+    prov = main_run.provenance
+    if prov["launcher"] == "torchrun":
+        return {"skipped": "under torchrun the processes are the ranks: a script cannot start "
+                           "other world sizes. Run it with python to get the sweep."}
+    gpus = torch.cuda.device_count() if prov["backend"] == "nccl" else 0
+    sizes = sorted({1, 2, 4} if not gpus else {1, gpus} | {n for n in (2, 4, 8) if n <= gpus})
+    batch = SIZES[args.size].batch
+    main_had_one_thread = gpus or prov["cpu_count"] // prov["world_size"] <= 1
+    points = []
+    for world_size in sizes:
+        if world_size == prov["world_size"] and main_had_one_thread:
+            ms = {k: main_result["step_time_ms"][k] for k in SWEPT}
+        else:
+            sub = argparse.Namespace(**{**vars(args), "world_size": world_size})
+            ms = ddplab.launch(throughput_worker, sub).result
+        points.append({"world_size": world_size, "step_time_ms": ms,
+                       "samples_per_s": {k: world_size * batch / (v / 1e3)
+                                         for k, v in ms.items()}})
+    return {"per_rank_batch": batch, "cpu_count": prov["cpu_count"],
+            "threads_per_rank": None if gpus else 1, "points": points}
+
+
+# --- 4. sharding: which rank sees which sample (no processes needed) -------------------------
+
+# --8<-- [start:sharding]
+def shard_indices(n: int, world_size: int, how: str, epoch: int = 0, set_epoch: bool = True):
+    """Sample indices each rank gets from a data set of ``n`` samples."""
+    if how == "manual":  # the tutorials' way: contiguous slices, the remainder silently dropped
+        per_rank = n // world_size
+        return [list(range(r * per_rank, (r + 1) * per_rank)) for r in range(world_size)]
+    shards = []
+    for rank in range(world_size):
+        sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank,
+                                     shuffle=how == "shuffled", seed=0,
+                                     drop_last=how == "drop_last")
+        if set_epoch:
+            sampler.set_epoch(epoch)  # forget this and every epoch has the same order
+        shards.append(list(sampler))
+    return shards
+# --8<-- [end:sharding]
+
+
+def sharding_demo() -> dict:
+    n, world, epochs = 10, 3, 3
+    schemes = {how: shard_indices(n, world, how) for how in ("manual", "padded", "drop_last")}
+    seen = {how: [i for shard in s for i in shard] for how, s in schemes.items()}
+    orders = {flag: [shard_indices(12, 2, "shuffled", epoch, set_epoch=flag)[0]
+                     for epoch in range(epochs)] for flag in (True, False)}
+    return {
+        "samples": n, "world_size": world, "shards": schemes,
+        "never_seen": {how: sorted(set(range(n)) - set(s)) for how, s in seen.items()},
+        "seen_twice": {how: sorted({i for i in s if s.count(i) > 1}) for how, s in seen.items()},
+        "rank0_order_by_epoch": {"with_set_epoch": orders[True],
+                                 "without_set_epoch": orders[False]},
+        "orders_repeat_without_set_epoch": all(o == orders[False][0] for o in orders[False]),
+    }
+
+
+# --- drawing ---------------------------------------------------------------------------------
+
+def draw_equivalence(training: dict, path) -> None:
+    from ddplab import plotting
+
+    fig, (ax_loss, ax_diff) = plotting.figure(1, 2, height=3.4, layout="constrained")
+    styles = {"native": ("native", "-", 3.0), "naive": ("naive", (0, (4, 3)), 1.6),
+              "bucketed": ("bucketed", (0, (1, 2)), 1.8), "single": ("model", "-", 0.8),
+              "no_sync": ("data", (0, (6, 2, 1, 2)), 1.2)}
+    for kind, (color, style, width) in styles.items():
+        values = training["loss"][kind]
+        ax_loss.plot(range(1, len(values) + 1), values, color=plotting.COLORS[color],
+                     linestyle=style, linewidth=width, label=LABELS[kind])
+    ax_loss.set_xlabel("optimizer step")
+    ax_loss.set_ylabel("training loss (global batch)")
+    ax_loss.set_title("Five ways to train: one curve")
+    ax_loss.legend(fontsize=7.5, loc="upper right")
+
+    per_step = training["max_abs_diff_per_step"]
+    zero = []
+    for key, color, label in (("naive_vs_native", "naive", "NaiveDDP vs native"),
+                              ("bucketed_vs_native", "bucketed", "BucketedDDP vs native"),
+                              ("ddp_vs_single_process", "model", "native vs one process"),
+                              ("no_sync_vs_large_batch", "data", "no_sync vs one batch")):
+        values = per_step[key]
+        if max(values) == 0.0:
+            zero.append(label)
+            continue
+        ax_diff.plot(range(1, len(values) + 1), [max(v, 1e-12) for v in values],
+                     color=plotting.COLORS[color], label=label)
+    ax_diff.set_yscale("log")
+    ax_diff.set_ylim(1e-10, 1e-3)
+    ax_diff.set_xlabel("optimizer step")
+    ax_diff.set_ylabel(r"max $|\theta - \theta_{\mathrm{reference}}|$")
+    ax_diff.set_title("Distance between parameters")
+    if zero:
+        ax_diff.text(0.03, 0.95, "exactly 0 at every step:\n" + "\n".join(zero),
+                     transform=ax_diff.transAxes, va="top", fontsize=8,
+                     bbox={"facecolor": "white", "edgecolor": "#CCCCCC"})
+    ax_diff.legend(fontsize=7.5, loc="lower right")
+    plotting.save(fig, path)
+
+
+def draw_speed(result: dict, path) -> None:
+    from ddplab import plotting
+
+    fig, (ax_time, ax_mem) = plotting.figure(1, 2, height=3.3, layout="constrained",
+                                             gridspec_kw={"width_ratios": [4, 3]})
+    times = result["step_time_ms"]
+    quart = result["step_time_quartiles_ms"]
+    names = [SHORT[k] for k in VARIANTS]
+    bars = ax_time.bar(names, [times[k] for k in VARIANTS],
+                       color=[plotting.COLORS[k] for k in VARIANTS],
+                       yerr=[[times[k] - quart[k][0] for k in VARIANTS],
+                             [quart[k][1] - times[k] for k in VARIANTS]], capsize=3)
+    for bar, kind in zip(bars, VARIANTS, strict=True):
+        ratio = 1.0 if kind == "native" else result["ratio_to_native"][kind]
+        ax_time.annotate(f"{times[kind]:.1f} ms\n×{ratio:.2f}", (bar.get_x() + bar.get_width() / 2,
+                         quart[kind][1]), xytext=(0, 3), textcoords="offset points",
+                         ha="center", va="bottom", fontsize=8)
+    ax_time.set_ylabel("median step time (ms)")
+    ax_time.set_title("Step time (×: ratio to native)")
+    ax_time.set_ylim(0, max(q[1] for q in quart.values()) * 1.3)
+    ax_time.tick_params(axis="x", labelsize=8)
+
+    memory = result["peak_memory_mb"]
+    kinds = [k for k in VARIANTS if memory.get(k) is not None]
+    if kinds:
+        bars = ax_mem.bar([SHORT[k] for k in kinds], [memory[k] for k in kinds],
+                          color=[plotting.COLORS[k] for k in kinds])
+        for bar, kind in zip(bars, kinds, strict=True):
+            ax_mem.annotate(f"{memory[kind]:.0f}", (bar.get_x() + bar.get_width() / 2,
+                            bar.get_height()), xytext=(0, 2), textcoords="offset points",
+                            ha="center", va="bottom", fontsize=8)
+        ax_mem.set_ylim(0, max(memory[k] for k in kinds) * 1.2)
+    else:
+        ax_mem.text(0.5, 0.5, "peak memory needs Linux /proc\nor a GPU", ha="center",
+                    transform=ax_mem.transAxes)
+    ax_mem.set_ylabel("peak memory added (MiB)")
+    ax_mem.set_title("Peak memory per rank")
+    ax_mem.tick_params(axis="x", labelsize=8)
+    plotting.save(fig, path)
+
+
+def draw_scaling(scaling: dict, path) -> None:
+    from ddplab import plotting
+
+    fig, ax = plotting.figure(height=3.3)
+    points = scaling["points"]
+    sizes = [p["world_size"] for p in points]
+    base = points[0]["samples_per_s"]["native"] / points[0]["world_size"]
+    ax.plot(sizes, [base * n for n in sizes], linestyle=":", color=plotting.OKABE_ITO["grey"],
+            label="linear: N × native's 1-rank throughput")
+    for kind in SWEPT:
+        values = [p["samples_per_s"][kind] for p in points]
+        ax.plot(sizes, values, marker="o", color=plotting.COLORS[kind], label=LABELS[kind])
+    cores = scaling.get("cpu_count") if scaling.get("threads_per_rank") else None
+    if cores and sizes[-1] > cores:
+        ax.axvspan(cores * 1.2, sizes[-1] * 1.25, color=plotting.COLORS["idle"], zorder=0)
+        ax.text(cores * 1.25, base * 0.15, f"more ranks than\n{cores} CPU cores:\nthey take turns",
+                fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.minorticks_off()
+    ax.set_xlabel("world size (ranks)")
+    ax.set_ylabel("training samples per second")
+    per_rank = f"{scaling['per_rank_batch']} samples per rank per step"
+    if scaling.get("threads_per_rank"):
+        per_rank += ", one core per rank"
+    ax.set_title(f"Throughput ({per_rank})")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left")
+    plotting.save(fig, path)
+
+
+def draw_sharding(sharding: dict, path) -> None:
+    from matplotlib.patches import Rectangle
+
+    from ddplab import plotting
+
+    fig, (ax, ax_epoch) = plotting.figure(1, 2, height=3.4, gridspec_kw={"width_ratios": [3, 2]})
+    titles = {"manual": "manual slices", "padded": "DistributedSampler\n(drop_last=False)",
+              "drop_last": "DistributedSampler\n(drop_last=True)"}
+    n, world = sharding["samples"], sharding["world_size"]
+    cmap = plotting.plt.get_cmap("cividis")
+    y = 0.0
+    for how, shards in sharding["shards"].items():
+        twice = set(sharding["seen_twice"][how])
+        for rank, shard in enumerate(shards):
+            for pos, i in enumerate(shard):
+                repeated = i in twice
+                ax.add_patch(Rectangle((pos, -y - rank), 0.92, 0.85, facecolor=cmap(i / n),
+                                       edgecolor=plotting.COLORS["naive"] if repeated else "none",
+                                       linewidth=2.2 if repeated else 0))
+                ax.text(pos + 0.46, -y - rank + 0.42, str(i), ha="center", va="center",
+                        fontsize=8, color="white" if i < n * 0.55 else "black")
+            ax.text(-0.2, -y - rank + 0.42, f"rank {rank}", ha="right", va="center", fontsize=8)
+        missing = sharding["never_seen"][how]
+        note = f"never seen: {missing}" if missing else "every sample seen,"
+        if twice:
+            note += f"\n{sorted(twice)} twice (outlined)"
+        ax.text(5.1, -y - world / 2 + 0.9, f"{titles[how]}\n{note}", va="center", fontsize=8)
+        y += world + 0.8
+    ax.set_xlim(-1.6, 10.5)
+    ax.set_ylim(-y + 0.6, 1.1)
+    ax.axis("off")
+    ax.set_title(f"{n} samples on {world} ranks", loc="left")
+
+    orders = sharding["rank0_order_by_epoch"]
+    for row, (flag, label) in enumerate((("with_set_epoch", "with set_epoch(e)"),
+                                         ("without_set_epoch", "without set_epoch"))):
+        for epoch, order in enumerate(orders[flag]):
+            yy = -(row * 4.2 + epoch)
+            for pos, i in enumerate(order):
+                ax_epoch.add_patch(Rectangle((pos, yy), 0.92, 0.85, facecolor=cmap(i / 12)))
+                ax_epoch.text(pos + 0.46, yy + 0.42, str(i), ha="center", va="center",
+                              fontsize=8, color="white" if i < 12 * 0.55 else "black")
+            ax_epoch.text(-0.2, yy + 0.42, f"epoch {epoch}", ha="right", va="center", fontsize=8)
+        ax_epoch.text(0, -(row * 4.2) + 1.15, label, fontsize=9, fontweight="bold")
+    ax_epoch.set_xlim(-2.2, 6.2)
+    ax_epoch.set_ylim(-7.6, 2.0)
+    ax_epoch.axis("off")
+    ax_epoch.set_title("Rank 0's samples per epoch\n(12 samples, 2 ranks, shuffled)", loc="left")
+    plotting.save(fig, path)
+
+
+# --- summary and main ------------------------------------------------------------------------
+
+def verdict(value: float) -> str:
+    return "bit for bit" if value == 0.0 else "float rounding" if value < 1e-4 else "DIFFERENT"
+
+
+def summarize(r: dict, prov: dict) -> str:
+    m, eq, tr = r["model"], r["equivalence"], r["training"]
+    why = r["why_naive_is_slower"]
+    lines = [
+        f"Chapter 05 — {prov['world_size']} ranks on {prov['backend']} ({prov['device']}), "
+        f"{m['name']} with {m['parameters'] / 1e6:.2f} M parameters in "
+        f"{m['parameter_tensors']} tensors",
+        "",
+        f"Same numbers? max |Δ parameter| after {tr['steps']} steps (global batch "
+        f"{tr['global_batch']}):",
+        f"  NaiveDDP    vs native DDP             {eq['naive_vs_native']:<10.3g} "
+        f"{verdict(eq['naive_vs_native'])}",
+        f"  BucketedDDP vs native DDP             {eq['bucketed_vs_native']:<10.3g} "
+        f"{verdict(eq['bucketed_vs_native'])}",
+        f"  native DDP  vs one process            {eq['ddp_vs_single_process']:<10.3g} "
+        f"{verdict(eq['ddp_vs_single_process'])} (different summation order)",
+        f"  no_sync × {tr['micro_batches']} vs one large batch       "
+        f"{eq['no_sync_vs_large_batch']:<10.3g} {verdict(eq['no_sync_vs_large_batch'])}",
+        f"  test accuracy after training: {tr['test_accuracy']:.1%}"
+        + (f" (one process: {tr['test_accuracy_single_process']:.1%})"
+           if tr["test_accuracy_single_process"] is not None else ""),
+        "",
+        f"Speed: median step time, slowest rank, {r['timing']['rounds']} interleaved rounds:",
+    ]
+    calls = why["allreduce_calls"]
+    notes = {"local": "no communication: the floor",
+             "naive": f"{calls['naive']} all-reduces per step, after backward",
+             "bucketed": f"{calls['bucketed']} bucket(s), during backward",
+             "native": f"{calls['native']} bucket(s), during backward"}
+    for kind in VARIANTS:
+        ratio = "" if kind == "native" else f"×{r['ratio_to_native'][kind]:.2f} native"
+        lines.append(f"  {LABELS[kind]:<26} {r['step_time_ms'][kind]:7.1f} ms  {ratio:<13} "
+                     f"{notes[kind]}")
+    lines.append(f"  one tiny all-reduce takes {why['small_allreduce_ms']:.2f} ms; the whole "
+                 f"{why['gradient_mib']:.1f} MiB gradient in one message "
+                 f"{why['whole_gradient_allreduce_ms']:.1f} ms")
+    mem = r["peak_memory_mb"]
+    if mem.get("native"):
+        lines.append("Peak memory added per rank: " + ", ".join(
+            f"{LABELS[k]} {mem[k]:.0f} MiB" for k in ("naive", "bucketed", "native")))
+    scaling = r["scaling"]
+    if "points" in scaling:
+        lines.append("Throughput (samples/s, native | bucketed): " + ", ".join(
+            f"{p['world_size']} rank(s) {p['samples_per_s']['native']:.0f} | "
+            f"{p['samples_per_s']['bucketed']:.0f}" for p in scaling["points"]))
+    else:
+        lines.append(f"Scaling sweep skipped: {scaling['skipped']}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None):
+    parser = ddplab.chapter_parser(__doc__, prog="chapter05_data_parallel.py")
+    parser.add_argument("--size", choices=sorted(SIZES), default="default",
+                        help="model and batch size: default (laptop CPU) or large (GPUs)")
+    parser.add_argument("--bucket-cap-mb", type=float, default=4.0, metavar="MIB",
+                        help="bucket size of BucketedDDP and native DDP (default: 4 MiB, which "
+                             "gives the default model three buckets)")
+    parser.add_argument("--micro-batches", type=int, default=4, metavar="K",
+                        help="gradient accumulation: no_sync over K micro-batches (default: 4)")
+    args = ddplab.parse_chapter_args(parser, argv)
+    if args.bucket_cap_mb <= 0:
+        parser.exit(2, f"{parser.prog}: error: --bucket-cap-mb must be positive\n")
+    if SIZES[args.size].batch % args.micro_batches:
+        parser.exit(2, f"{parser.prog}: error: --micro-batches must divide the per-rank batch "
+                       f"({SIZES[args.size].batch})\n")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    args = parse_args(argv)
+    run = ddplab.launch(worker, args)
+    if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
+        return None
+    result = run.result
+    result["scaling"] = sweep_world_sizes(args, run, result)
+    result["sharding"] = sharding_demo()
+    with ddplab.chapter_output(args.out, CHAPTER) as out:
+        draw_equivalence(result["training"], out / "equivalence.png")
+        draw_speed(result, out / "speed.png")
+        draw_sharding(result["sharding"], out / "sharding.png")
+        names = ["equivalence.png", "speed.png", "sharding.png"]
+        if "points" in result["scaling"]:
+            draw_scaling(result["scaling"], out / "scaling.png")
+            names.append("scaling.png")
+        ddplab.write_results(out, CHAPTER, result, run.provenance)
+    print(summarize(result, run.provenance))
+    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(names)}, results.json}}")
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(ddplab.run_main(main))

@@ -1,0 +1,68 @@
+"""Chapter 04 end to end (--quick): hooks, gradient-ready order, overlap timelines, sweep."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import PROVENANCE_KEYS, assert_png, load_results, run_script
+
+SCRIPT = "scripts/chapter04_hooks.py"
+
+
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ch04")
+    run = run_script(SCRIPT, "--quick", "--out", str(out), timeout=180)
+    assert run.returncode == 0, run.stderr
+    return run, out, load_results(out, 4)
+
+
+@pytest.mark.slow
+def test_quick_run_writes_figures_trace_and_provenance(spawned):
+    run, out, results = spawned
+    assert run.seconds < 60
+    for name in ("hooks.png", "ready_order.png", "overlap.png", "bucket_sweep.png"):
+        assert_png(out / "chapter04" / name)
+    trace = json.loads((out / "chapter04" / "overlap_trace.json").read_text())
+    assert any(e.get("cat") == "comm" for e in trace["traceEvents"])
+    assert results["provenance"].keys() >= PROVENANCE_KEYS
+
+
+@pytest.mark.slow
+def test_hook_order_and_the_post_accumulate_trap(spawned):
+    results = spawned[2]
+    kinds = [e["kind"] for e in results["hook_order"]]
+    assert kinds[:4] == ["forward pre-hook", "forward hook"] * 2
+    assert kinds[-2:] == ["queued callback", "backward returned"]  # before backward returns
+    accumulated = [e["where"] for e in results["hook_order"]
+                   if e["kind"] == "post-accumulate-grad hook"]
+    assert accumulated == ["2.bias", "2.weight", "0.bias", "0.weight"]
+    trap = results["post_accumulate_trap"]
+    assert trap["hook_received_the_parameter"] is True
+    assert trap["parameter_after"] == [0.5, 0.5, 0.5]  # the hook halved the parameter
+    assert trap["gradient_after"] == [1.0, 2.0, 3.0]   # and not the gradient
+
+
+@pytest.mark.slow
+def test_gradients_become_ready_in_reverse_order(spawned):
+    ready = spawned[2]["gradient_ready"]
+    assert ready["rank_correlation_with_forward_order"] < -0.9
+    assert ready["ready_order"][-1].startswith("embed.")
+    assert ready["buckets"][0][0] == "head.bias"  # bucket 0 holds the last layer
+
+
+@pytest.mark.slow
+def test_overlap_timelines_and_bucket_sweep(spawned):
+    results = spawned[2]
+    for key in ("overlap", "no_overlap"):
+        events = results["overlap"]["timelines"][key]
+        comm = [e for e in events if e["cat"] == "comm" and e["rank"] == 0]
+        assert [e["name"] for e in comm] == [f"bucket {i}" for i in range(len(comm))]
+        backward_end = max(e["end_ms"] for e in events if e["cat"] == "backward"
+                           and e["rank"] == 0)
+        starts_before_backward_ends = comm[0]["start_ms"] < backward_end
+        assert starts_before_backward_ends == (key == "overlap")
+    points = results["bucket_sweep"]["points"]
+    assert [p["buckets"]["bucketed"] for p in points][-1] == 1  # a huge cap: one bucket
+    assert all(p["step_time_ms"]["native"] > 0 for p in points)

@@ -1,0 +1,94 @@
+"""Chapter 05 end to end (--quick): equivalence, speed, memory, sharding, scaling, figures."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import PROVENANCE_KEYS, assert_png, load_results, run_script
+
+SCRIPT = "scripts/chapter05_data_parallel.py"
+FIGURES = ("equivalence.png", "speed.png", "sharding.png")
+
+
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ch05")
+    run = run_script(SCRIPT, "--quick", "--out", str(out), timeout=180)
+    assert run.returncode == 0, run.stderr
+    return run, out, load_results(out, 5)
+
+
+@pytest.mark.slow
+def test_quick_run_is_quick_and_writes_every_figure(spawned):
+    run, out, results = spawned
+    assert run.seconds < 60
+    for name in (*FIGURES, "scaling.png"):
+        assert_png(out / "chapter05" / name)
+    assert results["provenance"].keys() >= PROVENANCE_KEYS
+    assert results["provenance"]["quick"] is True
+    assert "bit for bit" in run.stdout
+
+
+@pytest.mark.slow
+def test_results_have_the_keys_the_page_relies_on(spawned):
+    results = spawned[2]
+    assert set(results["equivalence"]) == {"naive_vs_native", "bucketed_vs_native",
+                                           "ddp_vs_single_process", "no_sync_vs_large_batch"}
+    for variant in ("local", "naive", "bucketed", "native"):
+        assert results["step_time_ms"][variant] > 0
+    assert set(results["ratio_to_native"]) >= {"naive", "bucketed"}
+    for variant in ("naive", "bucketed", "native"):
+        assert results["peak_memory_mb"][variant] > 0
+
+
+@pytest.mark.slow
+def test_hand_written_ddp_matches_native_bit_for_bit_on_two_ranks(spawned):
+    # 2 ranks: every element is a/2 + b/2 in all three, and that sum does not depend on order.
+    equivalence = spawned[2]["equivalence"]
+    assert equivalence["naive_vs_native"] == 0.0
+    assert equivalence["bucketed_vs_native"] == 0.0
+    # One process sums the global batch in another order: float32 rounding, not more.
+    assert 0.0 <= equivalence["ddp_vs_single_process"] < 1e-5
+    assert 0.0 <= equivalence["no_sync_vs_large_batch"] < 1e-5
+
+
+@pytest.mark.slow
+def test_training_learns_and_naive_makes_one_call_per_parameter(spawned):
+    results = spawned[2]
+    loss = results["training"]["loss"]["native"]
+    assert loss[-1] < loss[0]
+    assert results["training"]["test_accuracy"] > 0.3  # 10 classes: chance is 0.1
+    calls = results["why_naive_is_slower"]["allreduce_calls"]
+    assert calls["naive"] == results["model"]["parameter_tensors"]
+    assert calls["bucketed"] == calls["native"] == 3  # 8 MiB of gradients, 4 MiB buckets
+
+
+@pytest.mark.slow
+def test_sharding_and_scaling(spawned):
+    results = spawned[2]
+    sharding = results["sharding"]
+    assert sharding["never_seen"] == {"manual": [9], "padded": [], "drop_last": [9]}
+    assert sharding["seen_twice"]["padded"] == [0, 1]
+    assert sharding["orders_repeat_without_set_epoch"] is True
+    orders = sharding["rank0_order_by_epoch"]["with_set_epoch"]
+    assert orders[0] != orders[1]
+    assert [p["world_size"] for p in results["scaling"]["points"]] == [1, 2, 4]
+
+
+@pytest.mark.slow
+def test_torchrun_skips_the_world_size_sweep_with_a_note(tmp_path):
+    run = run_script("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                     SCRIPT, "--quick", "--out", str(tmp_path), timeout=180)
+    assert run.returncode == 0, run.stderr
+    results = load_results(tmp_path, 5)
+    assert results["provenance"]["launcher"] == "torchrun"
+    assert "torchrun" in results["scaling"]["skipped"]
+    assert "Scaling sweep skipped" in run.stdout
+    assert results["equivalence"]["bucketed_vs_native"] == 0.0
+    for name in FIGURES:
+        assert_png(tmp_path / "chapter05" / name)
+
+
+def test_bad_micro_batches_is_one_clear_line(tmp_path):
+    run = run_script(SCRIPT, "--micro-batches", "3", "--out", str(tmp_path))
+    assert run.returncode == 2
+    assert "--micro-batches must divide" in run.stderr
