@@ -245,7 +245,9 @@ def _claim_first_failure(store: dist.Store | None, rank: int, timeout: float) ->
         if store is None:  # torchrun: its store listens at MASTER_ADDR:MASTER_PORT
             store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                                   is_master=False, timeout=timedelta(seconds=min(timeout, 5)))
-        first = store.compare_set("ddplab/first_failure", "", str(rank))
+        # torchrun may keep its store across restarts (--max-restarts): one key per attempt.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        first = store.compare_set(f"ddplab/first_failure/{attempt}", "", str(rank))
         return int(first)
     except Exception:  # the store itself is gone: we cannot tell who was first
         return None
