@@ -14,7 +14,7 @@ The tensor is cut into N chunks, and the sum is built in two phases of N-1 steps
 
 Every rank sends 2(N-1)/N·S bytes in total, whatever N is: the bandwidth-optimal all-reduce
 (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations",
-JPDC 2009).  gloo's and NCCL's all-reduce run this same ring.
+JPDC 2009).  gloo's all-reduce runs this same ring, and so does NCCL's ring algorithm.
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None
         return tensor
     flat = _flat(tensor)
     chunks = flat.tensor_split(world)  # N chunks; sizes differ by at most one element
-    link = _RingLink(group, rank, world, segment_bytes // flat.element_size())
+    segment = min(segment_bytes // flat.element_size(), chunks[0].numel())  # chunk 0: largest
+    link = _RingLink(group, rank, world, segment)
 
     for step in range(world - 1):  # reduce-scatter: add what arrives
         send, recv = (rank - step) % world, (rank - step - 1) % world
