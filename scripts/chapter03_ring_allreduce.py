@@ -156,8 +156,7 @@ def segment_sweep(ctx: ddplab.RankContext, size: int, segments: list[int | None]
     """Time the ring at one size with different segment sizes (None: whole chunks)."""
     x = torch.randn(size // 4, device=ctx.device)
     steps = {str(seg): partial(ring_all_reduce, x, segment_bytes=seg or size) for seg in segments}
-    samples = timing.compare(steps, rounds=rounds_for(size, ctx.quick), warmup=1,
-                             device=ctx.device)
+    samples = timing.compare(steps, rounds=10 if ctx.quick else 20, warmup=1, device=ctx.device)
     return [slowest_median(samples[str(seg)]) for seg in segments]
 
 

@@ -23,7 +23,6 @@ from .ring import naive_all_reduce, ring_all_reduce
 __all__ = [
     "BucketedDDP", "NaiveDDP",
     "RankContext", "RankFailed", "Run", "UsageError", "chapter_output", "chapter_parser",
-    "choose_backend", "get", "launch", "parse_chapter_args", "progress", "read_results",
-    "run_main", "seed_everything", "write_results",
-    "naive_all_reduce", "ring_all_reduce",
+    "choose_backend", "get", "launch", "naive_all_reduce", "parse_chapter_args", "progress",
+    "read_results", "ring_all_reduce", "run_main", "seed_everything", "write_results",
 ]

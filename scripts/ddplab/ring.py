@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 
 # Large chunks travel as segments of at most this many bytes, so that adding one segment
-# overlaps with receiving the next.  gloo's C++ ring uses 1 MiB; every message we send from
-# Python costs more (chapter 03 measures it), so fewer, larger segments pay off here.
+# overlaps with receiving the next.  gloo's C++ ring uses 1 MiB; each message sent from
+# Python costs more (chapter 03 measures it), so we send fewer, larger ones.
 SEGMENT_BYTES = 4 << 20
 IN_FLIGHT = 2  # receive buffers per exchange: one being filled while the other is added
 
