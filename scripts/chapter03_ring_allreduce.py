@@ -129,7 +129,7 @@ def rounds_for(size: int, quick: bool) -> int:
     are bimodal (a rank that sleeps in wait() sometimes wakes milliseconds late)."""
     if quick:
         return 10
-    return 50 if size <= 1 * MiB else 20 if size <= 16 * MiB else 12
+    return 50 if size <= 1 * MiB else 25 if size <= 16 * MiB else 20
 
 
 def slowest_median(samples: list[float]) -> float:
