@@ -229,8 +229,9 @@ def overlap_study(ctx, args) -> dict:
         ddp = BucketedDDP(copy.deepcopy(model), args.bucket_cap_mb, timeline=timeline,
                           overlap=overlap)
         events = median_step_timeline(ctx, ddp, timeline, batches, steps)
-        result["timelines"]["overlap" if overlap else "no_overlap"] = (
-            [vars(e) for e in events] if events is not None else None)
+        key = "overlap" if overlap else "no_overlap"
+        result["timelines"][key] = [vars(e) for e in events] if events is not None else None
+        result.setdefault("phases_ms", {})[key] = phase_durations(events)
 
     variants = {
         "overlap": BucketedDDP(copy.deepcopy(model), args.bucket_cap_mb),
@@ -241,6 +242,18 @@ def overlap_study(ctx, args) -> dict:
                                                rounds=8 if ctx.quick else 40,
                                                desc="timing overlap vs no overlap")
     return result
+
+
+def phase_durations(events: list[Event] | None) -> dict[str, float] | None:
+    """Rank 0's time in each phase of the drawn step (ms); comm is launch to last completion."""
+    if events is None:
+        return None
+    mine = [e for e in events if e.rank == 0]
+    phases = {cat: sum(e.duration_ms for e in mine if e.cat == cat)
+              for cat in ("forward", "backward", "wait", "optimizer")}
+    comm = [e for e in mine if e.cat == "comm"]
+    phases["comm"] = max(e.end_ms for e in comm) - min(e.start_ms for e in comm)
+    return phases
 
 
 def native_ddp(model: nn.Module, ctx, cap_mb: float) -> DistributedDataParallel:
@@ -269,19 +282,25 @@ def median_step_times(ctx, variants: dict[str, nn.Module], batches, rounds: int,
 # --- 4. bucket size ---------------------------------------------------------------------------
 
 def bucket_sweep(ctx, args) -> dict:
+    """Step time of BucketedDDP and native DDP for each bucket cap.  All of them are timed in
+    the same rounds (one step each, rotating), so a slow minute on a shared machine hits every
+    cap alike instead of one."""
     model = book_model(ctx)
     batches = rank_batches(ctx, 4)
     caps = QUICK_SWEEP_CAPS_MB if ctx.quick else SWEEP_CAPS_MB
-    points = []
-    for cap in ddplab.progress(caps, ctx, "bucket-size sweep"):
-        variants = {"bucketed": BucketedDDP(copy.deepcopy(model), cap),
-                    "native": native_ddp(copy.deepcopy(model), ctx, cap)}
-        ms = median_step_times(ctx, variants, batches, rounds=5 if ctx.quick else 20,
-                               desc=f"{cap:g} MiB")
-        points.append({"bucket_cap_mb": cap, "step_time_ms": ms,
-                       "buckets": {"bucketed": len(variants["bucketed"].buckets),
-                                   "native": native_bucket_count(variants["native"])}})
-    return {"points": points, "gradient_mib": sum(p.numel() for p in model.parameters()) * 4 / MiB}
+    variants = {"local": copy.deepcopy(model)}  # no communication at all: the floor
+    for cap in caps:
+        variants[f"bucketed {cap:g}"] = BucketedDDP(copy.deepcopy(model), cap)
+        variants[f"native {cap:g}"] = native_ddp(copy.deepcopy(model), ctx, cap)
+    ms = median_step_times(ctx, variants, batches, rounds=6 if ctx.quick else 25,
+                           desc=f"bucket-size sweep ({len(variants)} variants)")
+    points = [{"bucket_cap_mb": cap,
+               "step_time_ms": {kind: ms[f"{kind} {cap:g}"] for kind in ("bucketed", "native")},
+               "buckets": {"bucketed": len(variants[f"bucketed {cap:g}"].buckets),
+                           "native": native_bucket_count(variants[f"native {cap:g}"])}}
+              for cap in caps]
+    return {"points": points, "local_step_time_ms": ms["local"],
+            "gradient_mib": sum(p.numel() for p in model.parameters()) * 4 / MiB}
 
 
 def native_bucket_count(ddp: DistributedDataParallel) -> int | None:
@@ -383,6 +402,9 @@ def draw_sweep(sweep: dict, path) -> None:
         ax.annotate(str(p["buckets"]["bucketed"]), (p["bucket_cap_mb"], top * 1.04),
                     ha="center", fontsize=8, color="#444444")
     ax.text(caps[0], top * 1.12, "buckets:", fontsize=8, color="#444444", ha="right")
+    ax.axhline(sweep["local_step_time_ms"], color=plotting.COLORS["local"], linestyle="--")
+    ax.text(caps[-1], sweep["local_step_time_ms"] * 0.92, "local step, no communication",
+            ha="right", va="top", fontsize=8, color=plotting.COLORS["local"])
     ax.axvline(sweep["gradient_mib"], color=plotting.OKABE_ITO["grey"], linestyle=":")
     ax.text(sweep["gradient_mib"] * 1.08, top * 0.3,
             f"all gradients:\n{sweep['gradient_mib']:.1f} MiB", fontsize=8)
