@@ -58,7 +58,7 @@ class Size:
     blocks: int
     classes: int
     batch: int          # samples per rank per step
-    train: int          # training samples (the --quick run uses a quarter)
+    train: int          # training samples (the --quick run uses an eighth)
     test: int
 
 
@@ -78,7 +78,7 @@ DATA_SEED = 5  # the task is fixed; --seed changes the model's initialisation, n
 
 def make_task(size: Size, quick: bool) -> tuple[TensorDataset, TensorDataset]:
     """Training and test sets from one draw of ``make_clusters`` (so they share the centres)."""
-    n_train = size.train // 4 if quick else size.train
+    n_train = size.train // 8 if quick else size.train
     x, y = make_clusters(n_train + size.test, size.features, size.classes, seed=DATA_SEED)
     return TensorDataset(x[:n_train], y[:n_train]), TensorDataset(x[n_train:], y[n_train:])
 
@@ -331,7 +331,7 @@ def allreduce_ms(numel: int, device: torch.device, repeats: int) -> float:
 
 def measure_speed(ctx, args, model: nn.Module, train_set) -> dict:
     size = SIZES[args.size]
-    rounds = 15 if ctx.quick else 100
+    rounds = 12 if ctx.quick else 100
     batches = rank_batches(train_set, ctx, size.batch, count=8)
     per_round, info = time_variants(ctx, model, batches, VARIANTS, args.bucket_cap_mb, rounds,
                                     "timing local / naive / bucketed / native")
@@ -409,16 +409,18 @@ def throughput_worker(ctx: ddplab.RankContext, args) -> dict | None:
     model = build_model(size).to(ctx.device)
     batches = rank_batches(train_set, ctx, size.batch, count=4)
     per_round, _ = time_variants(ctx, model, batches, SWEPT, args.bucket_cap_mb,
-                                 rounds=10 if ctx.quick else 30,
+                                 rounds=6 if ctx.quick else 30,
                                  desc=f"throughput with {ctx.world_size} rank(s)")
     return {k: statistics.median(v) for k, v in per_round.items()} if ctx.is_main else None
 
 
-def sweep_world_sizes(args, main_run: ddplab.Run, main_result: dict) -> dict:
-    """Samples per second for 1, 2, 4 ranks (1 … all GPUs): each size is a launch of its own.
+def sweep_world_sizes(args, main_run: ddplab.Run) -> dict:
+    """Samples per second for 1, 2, 4 ranks (1 … all GPUs): each size is a launch of its own,
+    one after the other, all measured the same way (the main run is not reused: it timed other
+    variants too, at another moment).
 
-    On CPU every rank gets one core's worth of threads, so that adding a rank adds a worker,
-    as adding a GPU would; the main run is reused when its ranks had one thread each too.
+    On CPU every rank gets one thread, so that adding a rank adds a worker, as adding a GPU
+    would.
     """
     prov = main_run.provenance
     if prov["launcher"] == "torchrun":
@@ -427,14 +429,10 @@ def sweep_world_sizes(args, main_run: ddplab.Run, main_result: dict) -> dict:
     gpus = torch.cuda.device_count() if prov["backend"] == "nccl" else 0
     sizes = sorted({1, 2, 4} if not gpus else {1, gpus} | {n for n in (2, 4, 8) if n <= gpus})
     batch = SIZES[args.size].batch
-    main_had_one_thread = gpus or prov["cpu_count"] // prov["world_size"] <= 1
     points = []
     for world_size in sizes:
-        if world_size == prov["world_size"] and main_had_one_thread:
-            ms = {k: main_result["step_time_ms"][k] for k in SWEPT}
-        else:
-            sub = argparse.Namespace(**{**vars(args), "world_size": world_size})
-            ms = ddplab.launch(throughput_worker, sub).result
+        sub = argparse.Namespace(**{**vars(args), "world_size": world_size})
+        ms = ddplab.launch(throughput_worker, sub).result
         points.append({"world_size": world_size, "step_time_ms": ms,
                        "samples_per_s": {k: world_size * batch / (v / 1e3)
                                          for k, v in ms.items()}})
@@ -724,7 +722,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
         return None
     result = run.result
-    result["scaling"] = sweep_world_sizes(args, run, result)
+    result["scaling"] = sweep_world_sizes(args, run)
     result["sharding"] = sharding_demo()
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         draw_equivalence(result["training"], out / "equivalence.png")
