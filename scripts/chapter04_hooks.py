@@ -167,6 +167,7 @@ def ready_order(ctx, args) -> dict:
         "rank_correlation_with_forward_order": spearman(
             [forward_index[n] for n in order], list(range(len(order)))),
         "bucket_cap_mb": args.bucket_cap_mb,
+        "bucket_count": len(buckets),
         "buckets": [[n for n, _ in group] for group in buckets],
     }
 
@@ -238,9 +239,10 @@ def overlap_study(ctx, args) -> dict:
         "no_overlap": BucketedDDP(copy.deepcopy(model), args.bucket_cap_mb, overlap=False),
         "native": native_ddp(copy.deepcopy(model), ctx, args.bucket_cap_mb),
     }
-    result["step_time_ms"] = median_step_times(ctx, variants, batches,
-                                               rounds=8 if ctx.quick else 40,
-                                               desc="timing overlap vs no overlap")
+    result["step_time_ms"] = ms = median_step_times(ctx, variants, batches,
+                                                    rounds=8 if ctx.quick else 40,
+                                                    desc="timing overlap vs no overlap")
+    result["no_overlap_vs_overlap"] = ms["no_overlap"] / ms["overlap"]
     return result
 
 
@@ -299,7 +301,15 @@ def bucket_sweep(ctx, args) -> dict:
                "buckets": {"bucketed": len(variants[f"bucketed {cap:g}"].buckets),
                            "native": native_bucket_count(variants[f"native {cap:g}"])}}
               for cap in caps]
-    return {"points": points, "local_step_time_ms": ms["local"],
+    extremes = {}
+    for kind in ("bucketed", "native"):
+        fastest = min(points, key=lambda p: p["step_time_ms"][kind])
+        slowest = max(points, key=lambda p: p["step_time_ms"][kind])
+        extremes[kind] = {"fastest_cap_mb": fastest["bucket_cap_mb"],
+                          "fastest_ms": fastest["step_time_ms"][kind],
+                          "slowest_cap_mb": slowest["bucket_cap_mb"],
+                          "slowest_ms": slowest["step_time_ms"][kind]}
+    return {"points": points, "extremes": extremes, "local_step_time_ms": ms["local"],
             "gradient_mib": sum(p.numel() for p in model.parameters()) * 4 / MiB}
 
 

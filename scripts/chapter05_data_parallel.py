@@ -341,6 +341,7 @@ def measure_speed(ctx, args, model: nn.Module, train_set) -> dict:
                                                          strict=True))
              for k in ("naive", "bucketed", "local")}
     grad_numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    whole = allreduce_ms(grad_numel, ctx.device, 5 if ctx.quick else 20)
     return {
         "step_time_ms": median,
         "ratio_to_native": ratio,
@@ -355,8 +356,8 @@ def measure_speed(ctx, args, model: nn.Module, train_set) -> dict:
             "bucket_bytes": info["buckets"],
             "naive_sync_ms": info["naive_sync_ms"],
             "small_allreduce_ms": allreduce_ms(1, ctx.device, 30 if ctx.quick else 100),
-            "whole_gradient_allreduce_ms": allreduce_ms(grad_numel, ctx.device,
-                                                        5 if ctx.quick else 20),
+            "whole_gradient_allreduce_ms": whole,
+            "sync_vs_one_message": info["naive_sync_ms"] / whole,
             "gradient_mib": grad_numel * 4 / 2**20,
         },
     }
@@ -375,9 +376,12 @@ def measure_memory(ctx, args, model: nn.Module, train_set) -> dict:
             del step
         peaks[kind] = peak.mib
     if any(v is None for v in peaks.values()):
-        return {"peak_memory_mb": dict.fromkeys(VARIANTS)}
-    worst = max_over_ranks(torch.tensor([peaks[k] for k in VARIANTS], dtype=torch.float64))
-    return {"peak_memory_mb": dict(zip(VARIANTS, worst.tolist(), strict=True))}
+        return {"peak_memory_mb": dict.fromkeys(VARIANTS),
+                "memory_ratio_to_native": dict.fromkeys(VARIANTS)}
+    worst = dict(zip(VARIANTS, max_over_ranks(
+        torch.tensor([peaks[k] for k in VARIANTS], dtype=torch.float64)).tolist(), strict=True))
+    return {"peak_memory_mb": worst,
+            "memory_ratio_to_native": {k: worst[k] / worst["native"] for k in VARIANTS}}
 
 
 def worker(ctx: ddplab.RankContext, args) -> dict | None:
@@ -436,6 +440,10 @@ def sweep_world_sizes(args, main_run: ddplab.Run) -> dict:
         points.append({"world_size": world_size, "step_time_ms": ms,
                        "samples_per_s": {k: world_size * batch / (v / 1e3)
                                          for k, v in ms.items()}})
+    one_rank = points[0]["samples_per_s"]["local"] / points[0]["world_size"]
+    for p in points:  # against perfect scaling of one rank that never communicates
+        p["efficiency"] = {k: v / (p["world_size"] * one_rank)
+                           for k, v in p["samples_per_s"].items()}
     return {"per_rank_batch": batch, "cpu_count": prov["cpu_count"],
             "threads_per_rank": None if gpus else 1, "points": points}
 
@@ -566,9 +574,9 @@ def draw_scaling(scaling: dict, path) -> None:
     fig, ax = plotting.figure(height=3.3)
     points = scaling["points"]
     sizes = [p["world_size"] for p in points]
-    base = points[0]["samples_per_s"]["native"] / points[0]["world_size"]
+    base = points[0]["samples_per_s"]["local"] / points[0]["world_size"]
     ax.plot(sizes, [base * n for n in sizes], linestyle=":", color=plotting.OKABE_ITO["grey"],
-            label="linear: N × native's 1-rank throughput")
+            label="linear: N × one rank without communication")
     for kind in SWEPT:
         values = [p["samples_per_s"][kind] for p in points]
         ax.plot(sizes, values, marker="o", color=plotting.COLORS[kind], label=LABELS[kind])

@@ -103,7 +103,8 @@ def assign_buckets(named_params: list[tuple[str, nn.Parameter]],
 
 @torch.no_grad()
 def broadcast_from_rank0(tensors: list[torch.Tensor]) -> None:
-    """Copy rank 0's values into ``tensors`` on every rank: one message per dtype and device."""
+    """Copy rank 0's values into ``tensors`` on every rank: one message per dtype and device
+    (the buffers before every forward: BatchNorm has three small ones per layer)."""
     groups: dict[tuple, list[torch.Tensor]] = {}
     for t in tensors:
         groups.setdefault((t.dtype, t.device), []).append(t)
@@ -135,7 +136,9 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
         self.overlap = overlap
         self.world_size = dist.get_world_size()
         self._buffers_to_sync = list(module.buffers())
-        broadcast_from_rank0([*module.parameters(), *self._buffers_to_sync])
+        with torch.no_grad():  # rank 0's start for everyone; one tensor at a time: no extra copy
+            for tensor in [*module.parameters(), *self._buffers_to_sync]:
+                dist.broadcast(tensor, src=0)
 
         trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         groups = assign_buckets(trainable, int(bucket_cap_mb * MiB))
