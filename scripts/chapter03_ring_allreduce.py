@@ -213,13 +213,34 @@ def fit_alpha_beta(sizes: list[int], times_ms: list[float], world: int,
     t = np.asarray(times_ms, dtype=float) * 1e-3  # seconds
     design = np.column_stack([np.full_like(s, 2 * (world - 1)), bytes_factor * s])
     weights = 1 / t
-    (alpha, beta), *_ = np.linalg.lstsq(design * weights[:, None], t * weights, rcond=None)
+    alpha, beta = non_negative_lstsq(design * weights[:, None], t * weights)
     predicted = design @ [alpha, beta]
     r2 = 1 - np.sum((t - predicted) ** 2) / np.sum((t - t.mean()) ** 2)
-    return {"alpha_us": alpha * 1e6, "beta_gbps": 1e-9 / beta, "r2": r2,
+    # β = 0 means the sizes were too small to see the bandwidth at all (a --quick run).
+    return {"alpha_us": alpha * 1e6, "beta_gbps": 1e-9 / beta if beta > 0 else None, "r2": r2,
             "max_rel_err": float(np.max(np.abs(predicted - t) / t)),
             "predicted_ms": (predicted * 1e3).tolist()}
 # --8<-- [end:fit]
+
+
+def non_negative_lstsq(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """Least squares for two coefficients that cannot be negative (a time per message, a time
+    per byte).  Noisy latency-bound points can pull the free fit below zero; then the best fit
+    keeps one term and sets the other to zero."""
+    free, *_ = np.linalg.lstsq(a, b, rcond=None)
+    if (free >= 0).all():
+        return float(free[0]), float(free[1])
+    candidates = []
+    for keep in (0, 1):
+        coef = np.zeros(2)
+        coef[keep] = max(float(a[:, keep] @ b) / float(a[:, keep] @ a[:, keep]), 0.0)
+        candidates.append((float(np.sum((a @ coef - b) ** 2)), coef))
+    best = min(candidates, key=lambda c: c[0])[1]
+    return float(best[0]), float(best[1])
+
+
+def bandwidth_text(gbps: float | None) -> str:
+    return f"{gbps:.2f} GB/s" if gbps is not None else "unseen (sizes too small)"
 
 
 def bytes_factor(impl: str, world: int) -> float:
@@ -348,7 +369,7 @@ def draw_time(analysis: dict, world: int, path) -> None:
         if fit:
             ax.plot(sizes, fit["predicted_ms"], "--", color=color, linewidth=1,
                     label=f"  fit: α = {fit['alpha_us']:.0f} µs, 1/β = "
-                          f"{fit['beta_gbps']:.2f} GB/s, R² = {fit['r2']:.3f}")
+                          f"{bandwidth_text(fit['beta_gbps'])}, R² = {fit['r2']:.3f}")
     size_ticks(ax, sizes)
     ax.set_yscale("log")
     ax.set_xlabel("tensor size S")
@@ -478,7 +499,7 @@ def summarize(metrics: dict) -> str:
                  f"{largest['ratio_ring_to_native_busbw']:.2f}")
     for name, fit in metrics["alpha_beta"].items():
         lines.append(f"alpha-beta {name:>6}: alpha = {fit['alpha_us']:.1f} us, "
-                     f"1/beta = {fit['beta_gbps']:.2f} GB/s, R^2 = {fit['r2']:.4f}")
+                     f"1/beta = {bandwidth_text(fit['beta_gbps'])}, R^2 = {fit['r2']:.4f}")
     lines.append(f"size check inside ring_all_reduce: {metrics['size_check_us']:.0f} us")
     return "\n".join(lines)
 

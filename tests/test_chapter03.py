@@ -43,7 +43,9 @@ def test_results_have_the_keys_the_page_uses(quick):
     for impl in ("ring", "native"):
         fit = results["alpha_beta"][impl]
         assert fit.keys() >= {"alpha_us", "beta_gbps", "r2"}
-        assert math.isfinite(fit["r2"]) and fit["beta_gbps"] > 0
+        assert math.isfinite(fit["r2"]) and fit["alpha_us"] >= 0
+        # --quick's sizes may be too small to see bandwidth: then β is reported as unknown.
+        assert fit["beta_gbps"] is None or fit["beta_gbps"] > 0
 
 
 @pytest.mark.slow
