@@ -418,10 +418,10 @@ def throughput_worker(ctx: ddplab.RankContext, args) -> dict | None:
     return {k: statistics.median(v) for k, v in per_round.items()} if ctx.is_main else None
 
 
-def sweep_world_sizes(args, main_run: ddplab.Run) -> dict:
+def sweep_world_sizes(args, main_run: ddplab.Run, main_result: dict) -> dict:
     """Samples per second for 1, 2, 4 ranks (1 … all GPUs): each size is a launch of its own,
-    one after the other, all measured the same way (the main run is not reused: it timed other
-    variants too, at another moment).
+    one after the other, all measured the same way.  (With --quick, the main run's world size
+    reuses the main run's timing, to save a launch; it timed other variants too.)
 
     On CPU every rank gets one thread, so that adding a rank adds a worker, as adding a GPU
     would.
@@ -433,10 +433,14 @@ def sweep_world_sizes(args, main_run: ddplab.Run) -> dict:
     gpus = torch.cuda.device_count() if prov["backend"] == "nccl" else 0
     sizes = sorted({1, 2, 4} if not gpus else {1, gpus} | {n for n in (2, 4, 8) if n <= gpus})
     batch = SIZES[args.size].batch
+    one_thread_per_rank = gpus or prov["cpu_count"] // prov["world_size"] <= 1
     points = []
     for world_size in sizes:
-        sub = argparse.Namespace(**{**vars(args), "world_size": world_size})
-        ms = ddplab.launch(throughput_worker, sub).result
+        if args.quick and world_size == prov["world_size"] and one_thread_per_rank:
+            ms = {k: main_result["step_time_ms"][k] for k in SWEPT}
+        else:
+            sub = argparse.Namespace(**{**vars(args), "world_size": world_size})
+            ms = ddplab.launch(throughput_worker, sub).result
         points.append({"world_size": world_size, "step_time_ms": ms,
                        "samples_per_s": {k: world_size * batch / (v / 1e3)
                                          for k, v in ms.items()}})
@@ -730,7 +734,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
         return None
     result = run.result
-    result["scaling"] = sweep_world_sizes(args, run)
+    result["scaling"] = sweep_world_sizes(args, run, result)
     result["sharding"] = sharding_demo()
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         draw_equivalence(result["training"], out / "equivalence.png")
