@@ -265,7 +265,7 @@ def native_ddp(model: nn.Module, ctx, cap_mb: float) -> DistributedDataParallel:
 
 def median_step_times(ctx, variants: dict[str, nn.Module], batches, rounds: int,
                       desc: str) -> dict[str, float]:
-    """Median step time (ms, slowest rank) of each wrapped model, interleaved and rotated."""
+    """Median step time (ms, slowest rank) of each wrapped model, interleaved and shuffled."""
     steps = {}
     for name, ddp in variants.items():
         optimizer, counter = sgd(ddp), iter(range(10**9))
@@ -276,7 +276,7 @@ def median_step_times(ctx, variants: dict[str, nn.Module], batches, rounds: int,
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         steps[name] = step
-    samples = timing.compare(steps, rounds=rounds, warmup=3, device=ctx.device, rotate=True,
+    samples = timing.compare(steps, rounds=rounds, warmup=3, device=ctx.device, shuffle=True,
                              progress=lambda r: ddplab.progress(r, ctx, desc))
     return {name: statistics.median(s) for name, s in timing.slowest_rank_per_step(samples).items()}
 
@@ -285,8 +285,8 @@ def median_step_times(ctx, variants: dict[str, nn.Module], batches, rounds: int,
 
 def bucket_sweep(ctx, args) -> dict:
     """Step time of BucketedDDP and native DDP for each bucket cap.  All of them are timed in
-    the same rounds (one step each, rotating), so a slow minute on a shared machine hits every
-    cap alike instead of one."""
+    the same rounds (one step each, in shuffled order), so that a slow minute on a shared
+    machine hits every cap alike instead of one."""
     model = book_model(ctx)
     batches = rank_batches(ctx, 4)
     caps = QUICK_SWEEP_CAPS_MB if ctx.quick else SWEEP_CAPS_MB

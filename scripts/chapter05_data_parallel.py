@@ -289,7 +289,7 @@ def timed_sync(naive: NaiveDDP, record: list[float]) -> None:
 
 def time_variants(ctx, model: nn.Module, batches, kinds, cap_mb: float, rounds: int,
                   desc: str) -> tuple[dict[str, list[float]], dict]:
-    """Per-round step times (ms, the slowest rank's) of each variant, interleaved and rotated."""
+    """Per-round step times (ms, the slowest rank's) of each variant, interleaved and shuffled."""
     models = {kind: wrap(kind, copy.deepcopy(model), ctx, cap_mb) for kind in kinds}
     naive_sync_ms: list[float] = []
     if "naive" in models:
@@ -297,7 +297,7 @@ def time_variants(ctx, model: nn.Module, batches, kinds, cap_mb: float, rounds: 
     steps = {kind: stepper(m, batches) for kind, m in models.items()}
     timing.compare(steps, rounds=0, warmup=3, device=ctx.device)  # warm-up only
     naive_sync_ms.clear()
-    samples = timing.compare(steps, rounds=rounds, warmup=0, device=ctx.device, rotate=True,
+    samples = timing.compare(steps, rounds=rounds, warmup=0, device=ctx.device, shuffle=True,
                              progress=lambda r: ddplab.progress(r, ctx, desc))
     per_round = timing.slowest_rank_per_step(samples)  # a step is as slow as its slowest rank
     info = {"buckets": {}}
@@ -331,7 +331,7 @@ def allreduce_ms(numel: int, device: torch.device, repeats: int) -> float:
 
 def measure_speed(ctx, args, model: nn.Module, train_set) -> dict:
     size = SIZES[args.size]
-    rounds = 12 if ctx.quick else 100
+    rounds = 12 if ctx.quick else 150
     batches = rank_batches(train_set, ctx, size.batch, count=8)
     per_round, info = time_variants(ctx, model, batches, VARIANTS, args.bucket_cap_mb, rounds,
                                     "timing local / naive / bucketed / native")

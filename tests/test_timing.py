@@ -1,16 +1,21 @@
-"""ddplab.timing.compare's rotation and progress hooks (single process: no collectives)."""
+"""ddplab.timing.compare's shuffled order and progress hook (single process: no collectives)."""
 
 from __future__ import annotations
 
 from ddplab import timing
 
 
-def test_rotate_starts_each_round_with_the_next_variant():
-    order = []
-    samples = timing.compare({n: (lambda n=n: order.append(n)) for n in "abc"}, rounds=4,
-                             warmup=0, rotate=True)
-    assert "".join(order) == "abc" "bca" "cab" "abc"
-    assert {n: len(s) for n, s in samples.items()} == {"a": 4, "b": 4, "c": 4}
+def test_shuffle_varies_the_order_the_same_way_on_every_rank():
+    def run() -> list[str]:
+        order = []
+        timing.compare({n: (lambda n=n: order.append(n)) for n in "abcd"}, rounds=12,
+                       warmup=0, shuffle=True)
+        return ["".join(order[i:i + 4]) for i in range(0, len(order), 4)]
+    rounds = run()
+    assert rounds == run()  # drawn from the round number: identical on every rank
+    assert all(sorted(r) == list("abcd") for r in rounds)
+    predecessors_of_b = {r[r.index("b") - 1] for r in rounds if r.index("b") > 0}
+    assert len(predecessors_of_b) > 1  # not always the same neighbour
 
 
 def test_progress_wraps_the_rounds():

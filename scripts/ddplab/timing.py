@@ -11,6 +11,7 @@ Rules the chapters follow, and this module enforces:
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -41,16 +42,17 @@ def time_steps(step: Callable[[], object], *, steps: int, warmup: int = 2,
 
 def compare(variants: dict[str, Callable[[], object]], *, rounds: int, steps_per_round: int = 1,
             warmup: int = 2, device: torch.device | None = None, barrier: bool = True,
-            rotate: bool = False,
+            shuffle: bool = False,
             progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
             ) -> dict[str, list[float]]:
     """Time several variants interleaved: A B C, A B C, … ``rounds`` times.
 
     Each variant first runs ``warmup`` untimed steps.  Every rank must pass the same variants
     in the same order (they contain collectives).  Returns the samples (ms) of each variant.
-    ``rotate``: round r starts with variant r (A B C, B C A, C A B, …), so that no variant
-    always runs right after the same other one (a slow predecessor can leave caches cold or a
-    communication thread busy).  ``progress`` wraps the rounds, e.g. in a progress bar.
+    ``shuffle``: each round runs the variants in a random order drawn from the round's number
+    (so the same order on every rank): every variant follows every other about equally often,
+    instead of always running right after the same one (a heavy predecessor can leave caches
+    cold or a communication thread busy).  ``progress`` wraps the rounds, e.g. in a progress bar.
     """
     for step in variants.values():
         for _ in range(warmup):
@@ -59,8 +61,10 @@ def compare(variants: dict[str, Callable[[], object]], *, rounds: int, steps_per
     samples: dict[str, list[float]] = {name: [] for name in names}
     rounds_iter = range(rounds) if progress is None else progress(range(rounds))
     for r in rounds_iter:
-        shift = r % len(names) if rotate and names else 0
-        for name in names[shift:] + names[:shift]:
+        order = list(names)
+        if shuffle:
+            random.Random(r).shuffle(order)
+        for name in order:
             samples[name] += time_steps(variants[name], steps=steps_per_round, warmup=0,
                                         device=device, barrier=barrier)
     return samples
