@@ -411,7 +411,6 @@ def draw_sweep(sweep: dict, path) -> None:
     for p in sweep["points"]:
         ax.annotate(str(p["buckets"]["bucketed"]), (p["bucket_cap_mb"], top * 1.04),
                     ha="center", fontsize=8, color="#444444")
-    ax.text(caps[0], top * 1.12, "buckets:", fontsize=8, color="#444444", ha="right")
     ax.axhline(sweep["local_step_time_ms"], color=plotting.COLORS["local"], linestyle="--")
     ax.text(caps[-1], sweep["local_step_time_ms"] * 0.92, "local step, no communication",
             ha="right", va="top", fontsize=8, color=plotting.COLORS["local"])
@@ -424,7 +423,8 @@ def draw_sweep(sweep: dict, path) -> None:
     ax.set_xlabel("bucket_cap_mb (MiB)")
     ax.set_ylabel("median step time (ms)")
     ax.set_ylim(0, top * 1.2)
-    ax.set_title("Bucket size against step time", loc="left")
+    ax.set_title("Bucket size against step time (small numbers: BucketedDDP's bucket count)",
+                 loc="left", fontsize=10)
     ax.legend(loc="lower right")
     plotting.save(fig, path)
 
