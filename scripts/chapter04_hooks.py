@@ -309,7 +309,9 @@ def bucket_sweep(ctx, args) -> dict:
                           "fastest_ms": fastest["step_time_ms"][kind],
                           "slowest_cap_mb": slowest["bucket_cap_mb"],
                           "slowest_ms": slowest["step_time_ms"][kind]}
+    same = all(p["buckets"]["bucketed"] == p["buckets"]["native"] for p in points)
     return {"points": points, "extremes": extremes, "local_step_time_ms": ms["local"],
+            "same_bucket_counts_as_native": same,
             "gradient_mib": sum(p.numel() for p in model.parameters()) * 4 / MiB}
 
 

@@ -66,3 +66,4 @@ def test_overlap_timelines_and_bucket_sweep(spawned):
     points = results["bucket_sweep"]["points"]
     assert [p["buckets"]["bucketed"] for p in points][-1] == 1  # a huge cap: one bucket
     assert all(p["step_time_ms"]["native"] > 0 for p in points)
+    assert results["bucket_sweep"]["same_bucket_counts_as_native"] is True  # the same rule
