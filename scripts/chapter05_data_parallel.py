@@ -420,8 +420,8 @@ def throughput_worker(ctx: ddplab.RankContext, args) -> dict | None:
 
 def sweep_world_sizes(args, main_run: ddplab.Run, main_result: dict) -> dict:
     """Samples per second for 1, 2, 4 ranks (1 … all GPUs): each size is a launch of its own,
-    one after the other, all measured the same way.  (With --quick, the main run's world size
-    reuses the main run's timing, to save a launch; it timed other variants too.)
+    one after the other, all measured the same way.  (With --quick: only 1 rank and the main
+    run's world size, which reuses the main run's timing to save a launch.)
 
     On CPU every rank gets one thread, so that adding a rank adds a worker, as adding a GPU
     would.
@@ -432,6 +432,8 @@ def sweep_world_sizes(args, main_run: ddplab.Run, main_result: dict) -> dict:
                            "other world sizes. Run it with python to get the sweep."}
     gpus = torch.cuda.device_count() if prov["backend"] == "nccl" else 0
     sizes = sorted({1, 2, 4} if not gpus else {1, gpus} | {n for n in (2, 4, 8) if n <= gpus})
+    if args.quick:  # two points are enough to draw; each extra launch costs seconds of start-up
+        sizes = sorted({1, prov["world_size"]})
     batch = SIZES[args.size].batch
     one_thread_per_rank = gpus or prov["cpu_count"] // prov["world_size"] <= 1
     points = []

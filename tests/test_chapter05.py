@@ -71,7 +71,8 @@ def test_sharding_and_scaling(spawned):
     assert sharding["orders_repeat_without_set_epoch"] is True
     orders = sharding["rank0_order_by_epoch"]["with_set_epoch"]
     assert orders[0] != orders[1]
-    assert [p["world_size"] for p in results["scaling"]["points"]] == [1, 2, 4]
+    # --quick sweeps 1 rank and the run's own world size (the full run adds 4).
+    assert [p["world_size"] for p in results["scaling"]["points"]] == [1, 2]
 
 
 @pytest.mark.slow
