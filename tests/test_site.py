@@ -46,6 +46,14 @@ def test_numbers_are_filled_in_from_results(site):
     assert "Measured on" in html
 
 
+def test_results_notebook_is_executed_at_build_time(site):
+    html = (site / "results" / "index.html").read_text()
+    assert "BucketedDDP step time / native" in html  # the output of the last cell
+    assert "not run yet" not in html, "a chapter has no committed results.json"
+    assert "<td>—</td>" not in html, "a headline key is missing from a results.json"
+    assert (site / "results" / "results.ipynb").is_file()  # offered for download
+
+
 def test_placeholders_render_and_fail_loudly():
     results = mkdocs_hooks.load_results(1)
     value = results["replicas"]["seed_plus_rank"]["max_abs_diff"]
