@@ -59,8 +59,8 @@ def compare_with_native(impl, x: torch.Tensor) -> dict:
 
     Integers must match exactly.  Floats are summed in a different order by the two
     implementations, and float addition is not associative.  Summing N numbers in any order
-    is off by at most (N-1)·u·Σ|x_i| (u = eps/2, the unit roundoff), so two orders differ by at
-    most (N-1)·eps·Σ|x_i|: that is the tolerance, element by element.
+    is off by at most (N-1)·u·Σ|x_i| (u = eps/2, the unit roundoff; to first order in u), so
+    two orders differ by at most (N-1)·eps·Σ|x_i|: that is the tolerance, element by element.
     """
     ours, reference = x.clone(), x.clone()
     impl(ours)
@@ -326,18 +326,25 @@ def label_bytes(n: int) -> str:
 
 # --- the world-size sweep (only when this script starts the ranks) --------------------------------
 
-def world_size_sweep(args, main_world: int, main_result: dict) -> tuple[dict, list]:
+def world_size_sweep(args, main_world: int, main_result: dict,
+                     backend: str) -> tuple[dict, list]:
     """Launch once per world size (the main run already measured its own); returns the
-    timings and the step-by-step trace of the largest world size."""
+    timings and the step-by-step trace of the largest world size.
+
+    Every launch uses the main run's backend, so the points are comparable: with nccl, only
+    world sizes that have a GPU per rank (--backend auto would fall back to gloo on CPU).
+    """
     size = sweep_size(args.quick)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    worlds = [w for w in SWEEP_WORLD_SIZES if backend != "nccl" or w <= gpus]
     rows, traces = {}, {main_world: main_result["trace"]}
-    for world in SWEEP_WORLD_SIZES:
+    for world in worlds:
         if world == main_world:
             i = main_result["sizes"].index(size)
             rows[world] = {name: ts[i] for name, ts in main_result["times_ms"].items()}
             continue
         sub = copy.copy(args)
-        sub.world_size = world
+        sub.world_size, sub.backend = world, backend
         run = ddplab.launch(sweep_worker, sub)
         rows[world] = run.result["times_ms"]
         traces[world] = run.result["trace"]
@@ -409,7 +416,8 @@ def draw_segments(segments: dict, path) -> None:
     ax.set_xticks(list(x))
     ax.set_xticklabels([r["segment_label"] + ("\n(default)" if r["segment_bytes"] == SEGMENT_BYTES
                                               else "") for r in rows])
-    ax.set_ylim(0, 1.35 * max(segments["native_busbw_gbps"], *(r["busbw_gbps"] for r in rows)))
+    top = max(segments["native_busbw_gbps"], *(r["busbw_gbps"] for r in rows))
+    ax.set_ylim(0, 1.35 * top or 1)  # busbw is 0 on one rank: nothing crosses a link
     ax.set_xlabel("segment size (the largest message the ring sends)")
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_title(f"Ring all-reduce of {label_bytes(segments['size_bytes'])}: "
@@ -418,7 +426,7 @@ def draw_segments(segments: dict, path) -> None:
     plotting.save(fig, path)
 
 
-def draw_scaling(scaling: dict, path, cores: int) -> None:
+def draw_scaling(scaling: dict, path, hardware: str) -> None:
     from ddplab import plotting
 
     worlds = scaling["world_sizes"]
@@ -427,7 +435,7 @@ def draw_scaling(scaling: dict, path, cores: int) -> None:
         times = [scaling["time_ms"][name][str(w)] for w in worlds]
         ax.plot(worlds, times, "o-", color=plotting.COLORS[COLOR_KEYS[name]], label=LABELS[name])
     ax.set_xticks(worlds)
-    ax.set_xlabel(f"world size N (this machine has {cores} cores)")
+    ax.set_xlabel(f"world size N ({hardware})")
     ax.set_ylabel("time per all-reduce (ms)")
     ax.set_ylim(bottom=0)
     ax.set_title(f"All-reduce of {label_bytes(scaling['size_bytes'])} as ranks are added")
@@ -522,7 +530,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         print(f"note: world-size sweep {note}")
         metrics["scaling"] = {"skipped": note}
     else:
-        metrics["scaling"], trace = world_size_sweep(args, world, run.result)
+        metrics["scaling"], trace = world_size_sweep(args, world, run.result,
+                                                     run.provenance["backend"])
     metrics["trace_world_size"] = len(trace)
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         draw_trace(trace, out / "ring_steps.png")
@@ -530,7 +539,9 @@ def main(argv: list[str] | None = None) -> dict | None:
         draw_busbw(metrics, world, out / "busbw.png")
         draw_segments(metrics["segments"], out / "segments.png")
         if "skipped" not in metrics["scaling"]:
-            draw_scaling(metrics["scaling"], out / "scaling.png", run.provenance["cpu_count"])
+            hardware = ("one GPU per rank" if run.provenance["backend"] == "nccl"
+                        else f"this machine has {run.provenance['cpu_count']} cores")
+            draw_scaling(metrics["scaling"], out / "scaling.png", hardware)
         metrics.pop("_fits")
         ddplab.write_results(out, CHAPTER, metrics, run.provenance)
     print(summarize(metrics))

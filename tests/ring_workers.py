@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 import ddplab
+from ddplab import ring
 from ddplab.ring import SizeMismatchError
 
 DTYPES = (torch.float32, torch.float64, torch.int64)
@@ -71,6 +72,28 @@ def correctness_matrix(ctx: ddplab.RankContext, args) -> list[str]:
         if ctx.rank in members:
             problems += problems_with(ddplab.ring_all_reduce, make_tensor(11, torch.int64,
                                                                           ctx.rank), group)
+    everyone: list = [None] * ctx.world_size
+    dist.all_gather_object(everyone, problems)
+    return [p for rank_problems in everyone for p in rank_problems]
+
+
+def grouped_exchange_matrix(ctx: ddplab.RankContext, args) -> list[str]:
+    """The nccl exchange (send and receive as one batch_isend_irecv), run here on gloo."""
+    link_init = ring._RingLink.__init__
+
+    def grouped_init(self, *a, **kw):
+        link_init(self, *a, **kw)
+        self.grouped = True
+
+    ring._RingLink.__init__ = grouped_init
+    problems = []
+    try:
+        for size in sizes_to_check(ctx.world_size):
+            for dtype in (torch.float32, torch.int64):
+                x = make_tensor(size, dtype, ctx.rank)
+                problems += problems_with(ddplab.ring_all_reduce, x)
+    finally:
+        ring._RingLink.__init__ = link_init
     everyone: list = [None] * ctx.world_size
     dist.all_gather_object(everyone, problems)
     return [p for rank_problems in everyone for p in rank_problems]

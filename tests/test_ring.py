@@ -28,6 +28,14 @@ def test_matches_dist_all_reduce_for_every_size_and_dtype(world_size, tmp_path):
     assert run.result == []
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_nccl_exchange_gives_the_same_sums(world_size, tmp_path):
+    # No GPUs here: run the grouped exchange (the nccl path) on gloo, which accepts it too.
+    run = ddplab.launch(ring_workers.grouped_exchange_matrix,
+                        parse("--world-size", str(world_size), out=tmp_path))
+    assert run.result == []
+
+
 def test_ranks_with_different_sizes_or_dtypes_get_an_error_not_a_hang(tmp_path):
     start = time.perf_counter()
     run = ddplab.launch(ring_workers.mismatched_tensors, parse("--world-size", "3", out=tmp_path))
