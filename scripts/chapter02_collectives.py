@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 import ddplab
 from ddplab import timing
-from ddplab.launch import default_world_size, started_by_torchrun
+from ddplab.launch import started_by_torchrun
 
 CHAPTER = 2
 CPU_WORLD_SIZE = 4
@@ -52,9 +52,9 @@ def send_recv(ctx, x):
     """Each rank sends its tensor to the right neighbour and receives from the left one."""
     out = torch.empty_like(x)
     right, left = (ctx.rank + 1) % ctx.world_size, (ctx.rank - 1) % ctx.world_size
-    sending = dist.isend(x, dst=right)  # non-blocking: send and receive at the same time
-    dist.recv(out, src=left)
-    sending.wait()
+    exchange = [dist.P2POp(dist.isend, x, right), dist.P2POp(dist.irecv, out, left)]
+    for work in dist.batch_isend_irecv(exchange):  # both posted at once, then waited for
+        work.wait()
     return x, out
 # --8<-- [end:send_recv]
 
@@ -126,7 +126,7 @@ def all_to_all(ctx, x):
 # --8<-- [end:all_to_all]
 
 
-CALLS = {"send_recv": "dist.isend(t, dst=right) + dist.recv(out, src=left)",
+CALLS = {"send_recv": "batch_isend_irecv: isend(t, right), irecv(out, left)",
          "broadcast": "dist.broadcast(t, src=0)", "scatter": "dist.scatter(out, pieces, src=0)",
          "gather": "dist.gather(t, pieces, dst=0)", "reduce": "dist.reduce(t, dst=0)",
          "all_gather": "dist.all_gather(pieces, t)", "all_reduce": "dist.all_reduce(t)",
@@ -211,9 +211,9 @@ def timed_steps(ctx: ddplab.RankContext, nbytes: int) -> dict:
     right, left = (rank + 1) % n, (rank - 1) % n
 
     def send_recv():
-        sending = dist.isend(full, dst=right)
-        dist.recv(out_full, src=left)
-        sending.wait()
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, full, right),
+                                            dist.P2POp(dist.irecv, out_full, left)]):
+            work.wait()
 
     return {
         "send_recv": send_recv,
@@ -337,7 +337,8 @@ def parse_args(argv: list[str] | None = None):
     if args.world_size == 1:
         raise ddplab.UsageError("chapter 02 needs at least 2 ranks to have anything to "
                                 "communicate; use --world-size 2 or more")
-    if args.world_size is None and not started_by_torchrun() and default_world_size() == 2:
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if args.world_size is None and not started_by_torchrun() and gpus < 2:
         args.world_size = CPU_WORLD_SIZE  # no GPUs: 4 CPU ranks draw clearer pictures than 2
     return args
 
