@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as NativeDDP
+from torch.utils.checkpoint import checkpoint
 
 from ddplab import BucketedDDP, NaiveDDP
 from ddplab.timeline import Timeline
@@ -25,6 +26,29 @@ def mlp(frozen_first: bool = False, batchnorm: bool = False) -> nn.Module:
     if frozen_first:
         model[0].requires_grad_(False)
     return model
+
+
+class Tied(nn.Module):
+    """One layer used twice in forward: its gradient has two contributions, one hook call."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared, self.head = nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.shared(torch.relu(self.shared(x)))))
+
+
+class CheckpointedTwice(nn.Module):
+    """``shared`` used outside and inside a reentrant checkpoint: two accumulations per pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared, self.head = nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.shared(x)
+        return self.head(checkpoint(lambda t: torch.relu(self.shared(t)), h, use_reentrant=True))
 
 
 class TwoHeads(nn.Module):
@@ -91,14 +115,25 @@ def max_over_ranks(value: float) -> float:
 
 
 def against_native(make_model, wrap, steps: int = 3, accumulate: int = 1,
-                   native_kwargs: dict | None = None) -> float:
-    """Train ``wrap(model)`` and native DDP from the same start on the same data: max |Δ|."""
+                   native_kwargs: dict | None = None, evaluate: bool = False) -> float:
+    """Train ``wrap(model)`` and native DDP from the same start on the same data: max |Δ|
+    of parameters and buffers on every rank (and, with ``evaluate``, of an eval-mode output
+    under no_grad after training, which BatchNorm computes from its running statistics)."""
     torch.manual_seed(0)
     model = make_model()
     data = batches(dist.get_rank(), steps)
-    ours = train(wrap(copy.deepcopy(model)), data, accumulate)
-    native = train(NativeDDP(copy.deepcopy(model), **(native_kwargs or {})), data, accumulate)
-    return max_over_ranks(max_diff(ours, native))
+    wrapped = [wrap(copy.deepcopy(model)),
+               NativeDDP(copy.deepcopy(model), **(native_kwargs or {}))]
+    ours, native = (train(w, data, accumulate) for w in wrapped)
+    worst = max_diff(ours, native)
+    if evaluate:
+        outputs = []
+        for w in wrapped:
+            w.eval()
+            with torch.no_grad():
+                outputs.append(w(data[0][0]))
+        worst = max(worst, (outputs[0] - outputs[1]).abs().max().item())
+    return max_over_ranks(worst)
 
 
 def catch(fn) -> dict:
@@ -154,8 +189,12 @@ def bucketed_checks(ctx, args) -> dict:
         "vs_native_tiny_buckets": against_native(mlp, lambda m: BucketedDDP(m, 1e-9)),
         "vs_native_one_bucket": against_native(mlp, lambda m: BucketedDDP(m, 1e6)),
         "vs_native_frozen": against_native(lambda: mlp(frozen_first=True), BucketedDDP),
-        "vs_native_batchnorm": against_native(lambda: mlp(batchnorm=True), BucketedDDP),
+        "vs_native_batchnorm": against_native(lambda: mlp(batchnorm=True), BucketedDDP,
+                                              evaluate=True),
+        "vs_native_batchnorm_no_sync": against_native(lambda: mlp(batchnorm=True), BucketedDDP,
+                                                      accumulate=3, evaluate=True),
         "vs_native_no_sync": against_native(mlp, BucketedDDP, accumulate=3),
+        "vs_native_used_twice": against_native(Tied, lambda m: BucketedDDP(m, 1e-9)),
     }
     torch.manual_seed(0)
     results["buckets"] = {
@@ -180,11 +219,33 @@ def bucketed_checks(ctx, args) -> dict:
     unused = BucketedDDP(TwoHeads(unused_on=set(range(ctx.world_size))))
     results["unused"] = catch(lambda: unused(x).sum().backward())
     results["unused_then_works"] = catch(lambda: _fine_step(BucketedDDP(mlp()), x))
+    twice = BucketedDDP(CheckpointedTwice())
+    results["gradient_twice"] = catch(lambda: twice(x).sum().backward())
+    results["second_backward"] = _second_backward_stays_local(BucketedDDP(mlp()), x)
     return results if ctx.is_main else None
 
 
 def _fine_step(wrapped, x):
     wrapped(x).sum().backward()
+
+
+def _second_backward_stays_local(wrapped, x) -> dict:
+    """One forward averages one backward (native's rule): a second backward of the same graph
+    adds this rank's own gradient, uncommunicated, so the ranks' gradients then differ."""
+    loss = wrapped(x).sum()
+    loss.backward(retain_graph=True)
+    after_first = _grads_differ_from_rank0(wrapped.module)
+    loss.backward()
+    return {"after_first": after_first, "after_second": _grads_differ_from_rank0(wrapped.module)}
+
+
+def _grads_differ_from_rank0(module: nn.Module) -> float:
+    worst = 0.0
+    for p in module.parameters():
+        rank0s = p.grad.clone()
+        dist.broadcast(rank0s, src=0)
+        worst = max(worst, (p.grad - rank0s).abs().max().item())
+    return max_over_ranks(worst)
 
 
 def _differs_from_rank0(module: nn.Module) -> float:

@@ -28,7 +28,8 @@ def two_ranks(tmp_path_factory):
 
 @pytest.mark.parametrize("case", [
     "vs_native", "vs_native_no_overlap", "vs_native_tiny_buckets", "vs_native_one_bucket",
-    "vs_native_frozen", "vs_native_batchnorm", "vs_native_no_sync"])
+    "vs_native_frozen", "vs_native_batchnorm", "vs_native_batchnorm_no_sync",
+    "vs_native_no_sync", "vs_native_used_twice"])
 def test_bit_for_bit_equal_to_native_ddp_on_two_ranks(two_ranks, case):
     assert two_ranks[case] == 0.0
 
@@ -60,6 +61,18 @@ def test_an_unused_parameter_is_named_not_a_hang(two_ranks):
     assert "requires_grad_(False)" in failure["message"]
     assert failure["seconds"] < 5
     assert two_ranks["unused_then_works"]["type"] is None  # the process group is still usable
+
+
+def test_a_gradient_accumulated_twice_in_one_pass_is_an_error(two_ranks):
+    failure = two_ranks["gradient_twice"]
+    assert failure["type"] == "RuntimeError"
+    assert "'shared.bias' got a gradient twice" in failure["message"]
+    assert "use_reentrant=False" in failure["message"]
+
+
+def test_one_forward_averages_one_backward(two_ranks):
+    assert two_ranks["second_backward"]["after_first"] == 0.0   # averaged: equal everywhere
+    assert two_ranks["second_backward"]["after_second"] > 0.0   # local only, as native DDP
 
 
 def test_unused_on_one_rank_only_ends_the_run_quickly(tmp_path):

@@ -3,7 +3,8 @@
 Four ideas, each a few lines below:
 
 1. **Same start.**  Rank 0's parameters and buffers are copied to every rank at construction,
-   and its buffers (BatchNorm statistics) again before every forward that records gradients.
+   and its buffers (BatchNorm statistics) again at the start of a forward that follows a
+   training forward (native DDP's ``broadcast_buffers=True`` rule).
 2. **Buckets.**  Gradients are packed, in *reverse* parameter order (roughly the order backward
    produces them), into flat buffers of up to ``bucket_cap_mb`` MiB, allocated once.  One
    all-reduce per bucket instead of one per parameter: fewer, larger messages.
@@ -147,6 +148,7 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
         self._next_bucket = 0            # buckets before it are launched, in this pass
         self._finish_queued = False
         self._sync_this_backward = False  # decided in forward, as native DDP does
+        self._broadcast_buffers_next = True  # native: decided at the end of the previous forward
 
         # The hook holds the wrapper weakly: a dropped wrapper's hooks do nothing.
         wrapper = weakref.ref(self)
@@ -162,9 +164,13 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
 
     # --8<-- [start:forward]
     def forward(self, *args, **kwargs):
-        self._sync_this_backward = self.do_sync and torch.is_grad_enabled()
-        if torch.is_grad_enabled() and self._buffers_to_sync and self.world_size > 1:
+        if self._broadcast_buffers_next and self._buffers_to_sync and self.world_size > 1:
             broadcast_from_rank0(self._buffers_to_sync)  # rank 0's BatchNorm statistics for all
+        # A training forward (autograd on, not inside no_sync) gives a backward that averages
+        # the gradients, and makes the *next* forward start from rank 0's buffers: native
+        # DDP's rule, so an evaluation right after training uses rank 0's statistics too.
+        self._sync_this_backward = self.do_sync and torch.is_grad_enabled()
+        self._broadcast_buffers_next = self._sync_this_backward
         return self.module(*args, **kwargs)
     # --8<-- [end:forward]
 
@@ -172,14 +178,16 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
     def _on_grad_ready(self, param: nn.Parameter) -> None:
         """Autograd calls this once ``param.grad`` holds this pass's gradient."""
         if not self._sync_this_backward:
-            return  # inside no_sync(): the gradient just accumulates locally
+            return  # no_sync(), or no training forward since the last averaging: local only
         if not self._finish_queued:  # the first gradient of this backward pass
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
             self._finish_queued = True
         bucket, i = self._slot[param]
         if i in bucket.ready:
-            raise RuntimeError(f"BucketedDDP: {bucket.names[i]!r} got a gradient twice in one "
-                               "backward pass (two backward calls after one forward?)")
+            raise RuntimeError(  # native DDP goes on silently, with unaveraged gradients
+                f"BucketedDDP: {bucket.names[i]!r} got a gradient twice in one backward pass "
+                "(used inside and outside a reentrant torch.utils.checkpoint? pass "
+                "use_reentrant=False)")
         # Copy and divide in one pass, as native DDP does: sum of (grad / N) over N ranks.
         torch.mul(param.grad.detach(), 1.0 / self.world_size, out=bucket.views[i])
         bucket.ready.add(i)
@@ -207,6 +215,7 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
     def _finish_backward(self) -> None:
         """Runs once, after the whole backward pass (the autograd engine calls it)."""
         self._finish_queued = False
+        self._sync_this_backward = False  # one forward, one averaging backward (as native)
         started_ms = self.timeline.now() if self.timeline is not None else 0.0
         try:
             missing = [b.names[i] for b in self.buckets
