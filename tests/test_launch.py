@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -37,6 +38,17 @@ def test_every_rank_runs_and_rank0_result_comes_back(world_size, tmp_path):
     assert run.provenance["world_size"] == world_size
     assert run.provenance["launcher"] == "mp.spawn"
     assert run.provenance["backend"] == "gloo"
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux-only")
+def test_a_cpu_rank_uses_the_cores_it_may_run_on_not_the_machines(tmp_path):
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})  # as in a container or a Slurm job with one core
+    try:  # the spawned rank inherits the affinity
+        run = ddplab.launch(rank_workers.report_ranks, parse("--world-size", "1", out=tmp_path))
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert run.result["threads"] == 1
 
 
 def test_same_seed_gives_the_same_random_numbers_on_every_rank(tmp_path):

@@ -82,6 +82,15 @@ def default_world_size() -> int:
     return gpus if gpus >= 2 else 2
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: a container or a job scheduler (Slurm, taskset) may
+    allow fewer than ``os.cpu_count()``, which counts every core of the machine."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def started_by_torchrun() -> bool:
     return all(name in os.environ for name in _TORCHRUN_VARS)
 
@@ -212,7 +221,7 @@ def _run_rank(worker: Worker, args, *, rank: int, local_rank: int, world_size: i
     else:
         device = torch.device("cpu")
         # N ranks sharing the cores: without this each rank starts one thread per core.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
+        torch.set_num_threads(max(1, usable_cores() // local_world_size))
 
     init = {"backend": backend, "rank": rank, "world_size": world_size,
             "timeout": timedelta(seconds=args.timeout)}
