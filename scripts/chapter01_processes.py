@@ -167,7 +167,8 @@ def draw_ranks(ranks: list[dict], path) -> None:
                                     facecolor=color, alpha=0.15, edgecolor=color))
         lines = [f"rank {r['rank']}", f"local rank {r['local_rank']}",
                  f"pid {r['pid']}", f"{r['device']}, {r['threads']} thread(s)",
-                 f"{r['group']}:", f"rank {r['group_rank']} of {r['group_size']}"]
+                 f"{r['group']}:", f"rank {r['group_rank']} of {r['group_size']}",
+                 f"sum in group: {r['group_sum_of_ranks']:g}"]
         ax.text(x + 0.5, y + 0.55, "\n".join(lines), ha="center", va="center", fontsize=8)
     plotting.save(fig, path)
 
@@ -202,10 +203,11 @@ def draw_replicas(replica_runs: dict, path, max_ranks: int = 4) -> None:
 
 
 def summarize(result: dict) -> str:
-    lines = ["rank  local  pid      device  group         group rank"]
+    lines = ["rank  local  pid      device  group         group rank  group sum of ranks"]
     for r in result["ranks"]:
         lines.append(f"{r['rank']:>4}  {r['local_rank']:>5}  {r['pid']:<7}  {r['device']:<6}  "
-                     f"{r['group']:<12}  {r['group_rank']} of {r['group_size']}")
+                     f"{r['group']:<12}  {r['group_rank']} of {r['group_size']:<4}  "
+                     f"{r['group_sum_of_ranks']:g}")
     lines.append(f"all_reduce(rank) = {result['all_reduce_sum_of_ranks']:g} "
                  f"(expected {result['expected_sum_of_ranks']:g})")
     for name, run in result["replicas"].items():

@@ -20,6 +20,10 @@ def check_outputs(out, launcher: str) -> dict:
     assert replicas["seed_plus_rank"]["max_abs_diff"] > 0.01
     assert replicas["seed_plus_rank_then_broadcast"]["max_abs_diff"] == 0.0
     assert results["all_reduce_sum_of_ranks"] == results["expected_sum_of_ranks"]
+    for r in results["ranks"]:  # each group's all-reduce summed its own members only
+        members = [other["rank"] for other in results["ranks"] if other["group"] == r["group"]]
+        assert r["group_size"] == len(members)
+        assert r["group_sum_of_ranks"] == sum(members)
     return results
 
 
