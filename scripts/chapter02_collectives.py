@@ -21,6 +21,7 @@ all_reduce, reduce_scatter, all_to_all}.png and results.json (or under --out DIR
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -151,29 +152,35 @@ def run_demos(ctx: ddplab.RankContext) -> dict:
 # --- what gloo in this torch can do -------------------------------------------------------------
 
 def probe_support(ctx: ddplab.RankContext) -> dict:
-    """Call each API once; record 'ok' or the error it raises on this backend.
+    """Call each API once on tensors of ones; record 'ok', a wrong result, or the error.
 
     all_reduce_avg is all_reduce(op=ReduceOp.AVG), which gloo long refused; *_flat are the
-    single-tensor variants (reduce_scatter_single / reduce_scatter_tensor, …).
+    single-tensor variants (reduce_scatter_single / reduce_scatter_tensor, …).  Every output
+    element must come out as ``expected``: running without an error is not enough.
     """
-    n, x = ctx.world_size, torch.ones(ctx.world_size, device=ctx.device)
-    probes = {
-        "all_reduce_avg": lambda: dist.all_reduce(x.clone(), op=dist.ReduceOp.AVG),
-        "reduce_scatter": lambda: dist.reduce_scatter(x[:1].clone(), list(x.clone().chunk(n))),
-        "reduce_scatter_flat": lambda: REDUCE_SCATTER_FLAT(x[:1].clone(), x.clone()),
-        "all_to_all": lambda: dist.all_to_all(list(x.clone().chunk(n)),
-                                              list(x.clone().chunk(n))),
-        "all_to_all_single": lambda: dist.all_to_all_single(x.clone(), x.clone()),
-        "all_gather_flat": lambda: ALL_GATHER_FLAT(torch.empty(n * n, device=x.device),
-                                                    x.clone()),
+    n, dev = ctx.world_size, ctx.device
+    ones = partial(torch.ones, device=dev)
+    avg = dist.ReduceOp.AVG
+    probes = {  # name: (size of the output, the call that fills it, what each element must be)
+        "all_reduce_avg": (n, lambda out: dist.all_reduce(out.fill_(1), op=avg), 1),
+        "reduce_scatter": (1, lambda out: dist.reduce_scatter(out, list(ones(n).chunk(n))), n),
+        "reduce_scatter_flat": (1, lambda out: REDUCE_SCATTER_FLAT(out, ones(n)), n),
+        "all_to_all": (n, lambda out: dist.all_to_all(list(out.chunk(n)),
+                                                      list(ones(n).chunk(n))), 1),
+        "all_to_all_single": (n, lambda out: dist.all_to_all_single(out, ones(n)), 1),
+        "all_gather_flat": (n * n, lambda out: ALL_GATHER_FLAT(out, ones(n)), 1),
     }
     support = {}
-    for name, call in probes.items():
+    for name, (size, call, expected) in probes.items():
+        out = torch.zeros(size, device=dev)
         try:
-            call()
-            support[name] = "ok"
+            call(out)
         except (RuntimeError, ValueError) as err:  # raised the same way on every rank
             support[name] = f"error: {str(err).strip().splitlines()[0]}"
+            continue
+        wrong = out[out != expected]
+        support[name] = "ok" if wrong.numel() == 0 else (
+            f"wrong result: {wrong[0].item():g} where {expected:g} was expected")
     return support
 
 
