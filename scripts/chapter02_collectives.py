@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 import ddplab
 from ddplab import timing
-from ddplab.launch import started_by_torchrun
+from ddplab.launch import gpu_count, started_by_torchrun
 
 CHAPTER = 2
 CPU_WORLD_SIZE = 4
@@ -344,7 +344,7 @@ def parse_args(argv: list[str] | None = None):
     if args.world_size == 1:
         raise ddplab.UsageError("chapter 02 needs at least 2 ranks to have anything to "
                                 "communicate; use --world-size 2 or more")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = gpu_count()
     if args.world_size is None and not started_by_torchrun() and gpus < 2:
         args.world_size = CPU_WORLD_SIZE  # no GPUs: 4 CPU ranks draw clearer pictures than 2
     return args

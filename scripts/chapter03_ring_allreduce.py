@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 import ddplab
 from ddplab import timing
+from ddplab.launch import gpu_count
 from ddplab.ring import SEGMENT_BYTES, RingStep, naive_all_reduce, ring_all_reduce
 
 CHAPTER = 3
@@ -335,7 +336,7 @@ def world_size_sweep(args, main_world: int, main_result: dict,
     world sizes that have a GPU per rank (--backend auto would fall back to gloo on CPU).
     """
     size = sweep_size(args.quick)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = gpu_count()
     worlds = [w for w in SWEEP_WORLD_SIZES if backend != "nccl" or w <= gpus]
     rows, traces = {}, {main_world: main_result["trace"]}
     for world in worlds:

@@ -57,10 +57,15 @@ class RankFailed(Exception):
         self.details = details
 
 
+def gpu_count() -> int:
+    """CUDA GPUs this process can see (0 on a CPU build of torch)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 # --8<-- [start:choose_backend]
 def choose_backend(requested: str, ranks_on_this_machine: int) -> str:
     """nccl when every rank on this machine can have a GPU of its own, else gloo on CPU."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = gpu_count()
     if requested == "auto":
         enough_gpus = gpus >= ranks_on_this_machine and dist.is_nccl_available()
         return "nccl" if enough_gpus else "gloo"
@@ -78,7 +83,7 @@ def choose_backend(requested: str, ranks_on_this_machine: int) -> str:
 
 def default_world_size() -> int:
     """One rank per GPU when there are at least two GPUs, else two CPU processes."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = gpu_count()
     return gpus if gpus >= 2 else 2
 
 
