@@ -677,7 +677,8 @@ def summarize(r: dict, prov: dict) -> str:
         f"  BucketedDDP vs native DDP             {eq['bucketed_vs_native']:<10.3g} "
         f"{verdict(eq['bucketed_vs_native'])}",
         f"  native DDP  vs one process            {eq['ddp_vs_single_process']:<10.3g} "
-        f"{verdict(eq['ddp_vs_single_process'])} (different summation order)",
+        f"{verdict(eq['ddp_vs_single_process'])}"
+        + (" (different summation order)" if eq["ddp_vs_single_process"] else ""),
         f"  no_sync × {tr['micro_batches']} vs one large batch       "
         f"{eq['no_sync_vs_large_batch']:<10.3g} {verdict(eq['no_sync_vs_large_batch'])}",
         f"  test accuracy after training: {tr['test_accuracy']:.1%}"
