@@ -222,11 +222,11 @@ def resume(ctx, job: Job, model, optimizer, scheduler, example) -> dict | None:
 def settle_ddp_buckets(model: DDP, example: torch.Tensor) -> None:
     """One throwaway backward, so that the first resumed step uses DDP's final bucket layout.
 
-    DDP re-orders its gradient buckets after its first backward (to the order the gradients
-    became ready).  With 3 or more ranks the ring sums each element in an order that depends
-    on where it sits in the bucket, so the first step after a resume would differ from the
-    uninterrupted run's step in the last bit.  The gradients are thrown away; the parameters,
-    buffers, optimizer and generators are loaded afterwards.
+    DDP's first backward uses one bucket for every gradient; then DDP rebuilds its buckets in
+    the order the gradients became ready.  With 3 or more ranks the ring sums each element in
+    an order that depends on where it sits in the bucket, so the first step after a resume
+    would differ from the uninterrupted run's step in the last bit.  The gradients are thrown
+    away; the parameters, buffers, optimizer and generators are loaded afterwards.
     """
     model(example).sum().backward()
     model.zero_grad(set_to_none=True)
@@ -743,7 +743,7 @@ def draw_cost(metrics: dict, path: Path) -> None:
     left.barh(0, dcp.get("load_ms") or 0.0, color=whole)
     left.set_yticks([3, 2, 1, 0], ["save: rank 0,\ntorch.save", "save: DCP,\nevery rank",
                                    "load: torch.load", "load: DCP"])
-    left.set_xlabel("median time (ms), slowest rank for loads")
+    left.set_xlabel("time (ms): saves a median, loads the resume's slowest rank")
     left.legend(fontsize=7, ncols=2, loc="upper center", bbox_to_anchor=(0.45, -0.2))
     left.set_title("How long training waits")
 
@@ -776,7 +776,8 @@ def summarize(metrics: dict) -> str:
             lines.append(f"{key:<8} skipped: {part['skipped']}")
     if "restarts" in metrics["restart"]:
         lines.append(f"torchrun restarts: {metrics['restart']['restarts']}")
-    lines.append(f"save {metrics['save_ms']:.1f} ms, load {metrics['load_ms'] or 0:.1f} ms, "
+    load = "" if metrics["load_ms"] is None else f"load {metrics['load_ms']:.1f} ms, "
+    lines.append(f"save {metrics['save_ms']:.1f} ms, {load}"
                  f"checkpoint {metrics['checkpoint_mb']:.2f} MB")
     lines.append(f"corrupted file: {metrics['corrupt_file_error']}")
     return "\n".join(lines)

@@ -67,6 +67,22 @@ def test_a_process_killed_between_write_and_rename_leaves_only_a_temporary_file(
     assert ck.load_checkpoint(ck.latest_checkpoint(tmp_path), CPU)["step"] == 1
 
 
+def test_saving_a_step_again_drops_its_old_commit_record_first(tmp_path, monkeypatch):
+    """Between the rename and the new checksum, the step must not look complete (its old
+    checksum would not match the new file): it is unlisted, and the previous one is in charge."""
+    ck.save_checkpoint(state(1), tmp_path, 1)
+    ck.save_checkpoint(state(2), tmp_path, 2)
+
+    def crash(*args):
+        raise KeyboardInterrupt("stopped between the rename and the checksum")
+
+    monkeypatch.setattr(ck, "_write_text_atomically", crash)
+    with pytest.raises(KeyboardInterrupt):
+        ck.save_checkpoint(state(20), tmp_path, 2)  # step 2 again
+    monkeypatch.undo()
+    assert ck.load_checkpoint(ck.latest_checkpoint(tmp_path), CPU)["step"] == 1
+
+
 @pytest.fixture
 def good(tmp_path):
     return ck.save_checkpoint(state(3), tmp_path / "good", 3).path

@@ -163,6 +163,7 @@ def _write_atomically(state: dict, directory: Path, step: int) -> SaveReport:
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the name points at them
             clock.lap("fsync")
+        checksum_path(final).unlink(missing_ok=True)  # saving a step again: no stale record
         os.replace(tmp, final)  # atomic: the old directory entry, or the complete new file
         _write_text_atomically(checksum_path(final), f"{digest.hexdigest()}  {final.name}\n")
         _fsync_directory(directory)  # make the renames themselves durable
