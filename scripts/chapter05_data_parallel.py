@@ -326,7 +326,7 @@ def allreduce_ms(numel: int, device: torch.device, repeats: int) -> float:
     t = torch.zeros(numel, device=device)
     samples = timing.time_steps(lambda: dist.all_reduce(t), steps=repeats, warmup=2,
                                 device=device)
-    return float(max_over_ranks(torch.tensor([statistics.median(samples)]))[0])
+    return timing.slowest_rank(statistics.median(samples))
 
 
 def measure_speed(ctx, args, model: nn.Module, train_set) -> dict:
