@@ -19,8 +19,9 @@ Four ideas, each a few lines below:
 
 Read it next to Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel
 Training" (VLDB 2020, arXiv:2006.15704) and torch/csrc/distributed/c10d/reducer.cpp.  Native DDP
-does more: a small first bucket (1 MiB) and buckets rebuilt after the first iteration in the
-order gradients really arrived, unused-parameter search, comm hooks, mixed precision.
+does more: one bucket for the whole first iteration, then buckets rebuilt in the order the
+gradients really arrived (the first one capped at 1 MiB when ``bucket_cap_mb`` is left unset),
+unused-parameter search, comm hooks, mixed precision.
 """
 
 from __future__ import annotations
