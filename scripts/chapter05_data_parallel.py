@@ -168,8 +168,8 @@ def ddplab_device() -> torch.device:
 
 # --8<-- [start:shards]
 def shard_loaders(train_set, ctx: ddplab.RankContext, batch: int):
-    """One DataLoader per rank over its shard; this rank uses its own, rank 0 also the others
-    (to build the whole global batch for the single-process reference)."""
+    """One DataLoader per rank over its shard, built on every rank: this rank trains on its own,
+    and rank 0 also reads the others' (the global batch, for the single-process reference)."""
     samplers = [DistributedSampler(train_set, num_replicas=ctx.world_size, rank=r,
                                    shuffle=True, seed=ctx.seed, drop_last=True)
                 for r in range(ctx.world_size)]
