@@ -133,6 +133,20 @@ def test_sync_points_are_counted_and_syncbn_matches_the_full_batch(quick):
     assert work["idle_ms_other_ranks"] > 0.5 * work["eval_ms"]  # they waited for rank 0
 
 
+def test_the_rank_that_timed_out_is_blamed_not_the_peer_it_cut_off(tmp_path):
+    """A gloo timeout closes the rank's sockets at once, so its peer can fail ("Connection
+    closed by peer") and claim the failure first; the hang demos must still name the timeout."""
+    from ddplab.launch import _root_cause
+
+    reports = {0: "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:942",
+               1: "RuntimeError: [unbound_buffer.cc:78] Timed out waiting 3000ms for recv"}
+    for rank, summary in reports.items():
+        (tmp_path / f"error-rank{rank}.json").write_text(json.dumps(
+            {"rank": rank, "first": 0, "summary": summary, "traceback": summary}))
+    blamed = _root_cause(tmp_path, 0)
+    assert blamed.rank == 1 and "Timed out waiting" in str(blamed)
+
+
 def test_bad_flags_are_one_clear_line(tmp_path):
     run = run_script(SCRIPT, "--delays", "0,x", "--out", str(tmp_path))
     assert run.returncode == 2

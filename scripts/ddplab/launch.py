@@ -172,10 +172,18 @@ def _root_cause(scratch: Path, rank: int, *, died: str | None = None,
         return RankFailed(rank, f"the process {died} (no Python traceback: killed, out of "
                                 "memory, or a crash in native code)")
     first = next((r for r in reports.values() if r["first"] == r["rank"]), reports.get(rank))
+    if first is not None and _is_follow_on(first["summary"]):
+        # A rank's transport can close its sockets (a gloo timeout does) before that rank has
+        # claimed the failure: prefer a rank whose own error is not "the peer went away".
+        first = next((r for r in reports.values() if not _is_follow_on(r["summary"])), first)
     if first is None:  # mp.spawn's own message: the traceback, ending in 'Type: message'
         lines = raised.strip().splitlines()
         return RankFailed(rank, lines[-1] if lines else "failed with no error message", raised)
     return RankFailed(first["rank"], first["summary"], first["traceback"])
+
+
+def _is_follow_on(summary: str) -> bool:
+    return "Connection closed by peer" in summary or "Connection reset by peer" in summary
 
 
 def _how_it_died(err: mp.ProcessExitedException) -> str:
