@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import os
 import time
 
 import torch
@@ -36,3 +38,11 @@ def random_draw(ctx: ddplab.RankContext, args) -> list[float]:
     draws = [None] * ctx.world_size
     dist.all_gather_object(draws, torch.rand(3).tolist())
     return draws
+
+
+def teardown_aborts(ctx: ddplab.RankContext, args) -> int:
+    """Finishes its work, but the interpreter's teardown would then abort the process (SIGABRT),
+    as a process group's thread rarely does at exit."""
+    atexit.register(os.abort)
+    dist.barrier()
+    return ctx.world_size

@@ -87,6 +87,12 @@ def test_a_rank_that_raises_ends_the_run_and_is_named(tmp_path):
     assert "rank_workers.py" in failure.value.details  # the failing rank's own traceback
 
 
+def test_a_crash_in_the_teardown_after_the_work_is_done_does_not_fail_the_run(tmp_path):
+    # A rank that has handed over its result ends at once, without the interpreter's teardown.
+    run = ddplab.launch(rank_workers.teardown_aborts, parse(out=tmp_path))
+    assert run.result == 2
+
+
 def test_a_rank_stuck_in_a_collective_times_out(tmp_path):
     start = time.perf_counter()
     with pytest.raises(ddplab.RankFailed) as failure:

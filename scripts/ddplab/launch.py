@@ -161,6 +161,24 @@ def _spawned_rank(rank: int, worker: Worker, args, plan: _SpawnPlan) -> None:
     if run is not None:
         with open(plan.scratch / "result.pkl", "wb") as f:
             pickle.dump(run, f)
+    exit_without_teardown(0)
+
+
+def exit_without_teardown(code: int) -> None:
+    """End a rank's process now that it has left the group and handed over its result.
+
+    What is left is the interpreter's teardown, and a rank's teardown can crash, rarely (one
+    of this book's CI runs, none of dozens of runs by hand): ``terminate called without an
+    active exception``, SIGABRT, after the work was done.  Our reading, after pytorch#179291:
+    a process group's C++ thread lets go of a tensor during the teardown and needs the GIL,
+    which a shutting-down Python refuses by ending the thread, which C++ turns into
+    ``std::terminate``.  Skipping the teardown loses nothing: our files are closed, and the
+    output is flushed here.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _root_cause(scratch: Path, rank: int, *, died: str | None = None,
@@ -297,4 +315,6 @@ def run_main(main: Callable[[list[str] | None], Any], argv: list[str] | None = N
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    if started_by_torchrun():
+        exit_without_teardown(0)  # this process is a rank: the same teardown risk as above
     return 0
