@@ -48,7 +48,7 @@ test: $(STAMP) lint ## lint, then the whole test suite (quick runs of every chap
 	$(PY) -m pytest
 
 lint: $(STAMP) ## ruff
-	$(PY) -m ruff check scripts tests tools
+	$(PY) -m ruff check scripts tests tools docs
 
 docs: $(STAMP) ## build the site into site/ (offline, --strict)
 	$(VENV)/bin/mkdocs build --strict
