@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 import torch
@@ -27,6 +28,26 @@ def test_provenance_says_where_a_number_came_from():
     assert p["quick"] is True
     assert p["device"] and p["device"] != "cpu"  # the CPU model, not just "cpu"
     assert p["git_commit"]
+
+
+def test_git_commit_is_dirty_for_code_changes_not_for_regenerated_figures(tmp_path, monkeypatch):
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "results.json").write_text("{}")
+    (tmp_path / "script.py").write_text("print(1)")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "start")
+    monkeypatch.setattr(results, "REPO_ROOT", tmp_path)
+    clean = results.git_commit()
+    assert len(clean) == 12 and not clean.endswith("+dirty")
+    (tmp_path / "figures" / "results.json").write_text('{"new": 1}')  # make figures did this
+    assert results.git_commit() == clean
+    (tmp_path / "script.py").write_text("print(2)")  # the code changed: say so
+    assert results.git_commit() == clean + "+dirty"
 
 
 def test_results_json_has_chapter_provenance_and_metrics(tmp_path):

@@ -62,13 +62,17 @@ def cpu_model() -> str:
 
 
 def git_commit() -> str:
-    """The commit the code ran at, with '+dirty' when the working tree had changes."""
+    """The commit the code ran at, with '+dirty' when the working tree had changes.
+
+    The chapters' own outputs (figures/) do not count: ``make figures`` rewrites them one
+    chapter after another, and the code that made them is what the commit names.
+    """
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
     try:
         commit = git("rev-parse", "--short=12", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!figures")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return commit + ("+dirty" if dirty else "")
