@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import atexit
 import os
+import sys
+import threading
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -40,9 +42,33 @@ def random_draw(ctx: ddplab.RankContext, args) -> list[float]:
     return draws
 
 
+class _StdoutThatAbortsInTeardown:
+    """Stands in for sys.stdout; flushed by the interpreter's teardown, it aborts the process."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        if sys.is_finalizing():
+            os.abort()
+        self.stream.flush()
+
+
 def teardown_aborts(ctx: ddplab.RankContext, args) -> int:
     """Finishes its work, but the interpreter's teardown would then abort the process (SIGABRT),
     as a process group's thread rarely does at exit."""
-    atexit.register(os.abort)
+    sys.stdout = _StdoutThatAbortsInTeardown(sys.stdout)
     dist.barrier()
     return ctx.world_size
+
+
+def leaves_a_writer_thread(ctx: ddplab.RankContext, args) -> None:
+    """Returns while a (non-daemon) thread still writes a file, as a background saver might."""
+    def write_later() -> None:
+        time.sleep(0.5)
+        (Path(args.out) / f"written-by-rank{ctx.rank}.txt").write_text("done")
+
+    threading.Thread(target=write_later).start()

@@ -93,6 +93,12 @@ def test_a_crash_in_the_teardown_after_the_work_is_done_does_not_fail_the_run(tm
     assert run.result == 2
 
 
+def test_a_rank_waits_for_the_threads_its_worker_left_running(tmp_path):
+    ddplab.launch(rank_workers.leaves_a_writer_thread, parse(out=tmp_path))
+    assert sorted(p.name for p in tmp_path.glob("written-by-*")) == [
+        "written-by-rank0.txt", "written-by-rank1.txt"]
+
+
 def test_a_rank_stuck_in_a_collective_times_out(tmp_path):
     start = time.perf_counter()
     with pytest.raises(ddplab.RankFailed) as failure:

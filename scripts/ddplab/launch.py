@@ -14,12 +14,14 @@ waiting in a collective; a rank stuck in a collective gives up after ``--timeout
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
 import pickle
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -167,15 +169,19 @@ def _spawned_rank(rank: int, worker: Worker, args, plan: _SpawnPlan) -> None:
 def exit_without_teardown(code: int) -> None:
     """End a rank's process now that it has left the group and handed over its result.
 
-    What is left is the interpreter's teardown, and a rank's teardown can crash, rarely (one
-    of this book's CI runs, none of dozens of runs by hand): ``terminate called without an
-    active exception``, SIGABRT, after the work was done.  Our reading, after pytorch#179291:
-    a process group's C++ thread lets go of a tensor during the teardown and needs the GIL,
-    which a shutting-down Python refuses by ending the thread, which C++ turns into
-    ``std::terminate``.  Skipping the teardown loses nothing: our files are closed, and the
-    output is flushed here.
+    What a normal exit does first still happens: threads the worker left running (a writer
+    thread, say) are waited for, and the ``atexit`` handlers run (they flush logs and release
+    what ``multiprocessing`` made, such as tqdm's lock).  What is skipped is the teardown.  A
+    rank's teardown can crash, rarely (one of this book's CI runs, none of dozens of runs by
+    hand): ``terminate called without an active exception``, SIGABRT, after the work was done.
+    Our reading, after pytorch#179291: a process group's C++ thread lets go of a tensor during
+    the teardown and needs the GIL, which a shutting-down Python refuses by ending the thread,
+    which C++ turns into ``std::terminate``.
     """
-    logging.shutdown()
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
