@@ -456,12 +456,9 @@ def summarize(r: dict, prov: dict) -> str:
 
 def parse_args(argv: list[str] | None = None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter04_hooks.py")
-    parser.add_argument("--bucket-cap-mb", type=float, default=2.0, metavar="MIB",
+    parser.add_argument("--bucket-cap-mb", type=ddplab.positive(float), default=2.0, metavar="MIB",
                         help="bucket size for the ready-order and overlap figures (default: 2)")
-    args = ddplab.parse_chapter_args(parser, argv)
-    if args.bucket_cap_mb <= 0:
-        parser.exit(2, f"{parser.prog}: error: --bucket-cap-mb must be positive\n")
-    return args
+    return ddplab.parse_chapter_args(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> dict | None:

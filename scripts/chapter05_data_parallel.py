@@ -717,17 +717,15 @@ def parse_args(argv: list[str] | None = None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter05_data_parallel.py")
     parser.add_argument("--size", choices=sorted(SIZES), default="default",
                         help="model and batch size: default (laptop CPU) or large (GPUs)")
-    parser.add_argument("--bucket-cap-mb", type=float, default=4.0, metavar="MIB",
+    parser.add_argument("--bucket-cap-mb", type=ddplab.positive(float), default=4.0, metavar="MIB",
                         help="bucket size of BucketedDDP and native DDP (default: 4 MiB, which "
                              "gives the default model three buckets)")
-    parser.add_argument("--micro-batches", type=int, default=4, metavar="K",
+    parser.add_argument("--micro-batches", type=ddplab.positive(int), default=4, metavar="K",
                         help="gradient accumulation: no_sync over K micro-batches (default: 4)")
     args = ddplab.parse_chapter_args(parser, argv)
-    if args.bucket_cap_mb <= 0:
-        parser.exit(2, f"{parser.prog}: error: --bucket-cap-mb must be positive\n")
     if SIZES[args.size].batch % args.micro_batches:
-        parser.exit(2, f"{parser.prog}: error: --micro-batches must divide the per-rank batch "
-                       f"({SIZES[args.size].batch})\n")
+        raise ddplab.UsageError(f"--micro-batches must divide the per-rank batch "
+                                f"({SIZES[args.size].batch})")
     return args
 
 

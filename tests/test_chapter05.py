@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import PROVENANCE_KEYS, assert_png, load_results, run_script
+from conftest import PROVENANCE_KEYS, assert_png, load_results, run_quick, run_script
 
 SCRIPT = "scripts/chapter05_data_parallel.py"
 FIGURES = ("equivalence.png", "speed.png", "sharding.png")
@@ -11,10 +11,7 @@ FIGURES = ("equivalence.png", "speed.png", "sharding.png")
 
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ch05")
-    run = run_script(SCRIPT, "--quick", "--out", str(out), timeout=180)
-    assert run.returncode == 0, run.stderr
-    return run, out, load_results(out, 5)
+    return run_quick(tmp_path_factory, SCRIPT, 5)
 
 
 @pytest.mark.slow
@@ -92,7 +89,14 @@ def test_torchrun_skips_the_world_size_sweep_with_a_note(tmp_path):
         assert_png(tmp_path / "chapter05" / name)
 
 
-def test_bad_micro_batches_is_one_clear_line(tmp_path):
-    run = run_script(SCRIPT, "--micro-batches", "3", "--out", str(tmp_path))
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--micro-batches", "3"], "--micro-batches must divide"),
+    (["--micro-batches", "0"], "--micro-batches: must be positive, got 0"),
+    (["--bucket-cap-mb", "-1"], "--bucket-cap-mb: must be positive, got -1"),
+    (["--bucket-cap-mb", "lots"], "--bucket-cap-mb: 'lots' is not a number"),
+])
+def test_bad_flags_are_one_clear_line(argv, message, tmp_path):
+    run = run_script(SCRIPT, *argv, "--out", str(tmp_path))
     assert run.returncode == 2
-    assert "--micro-batches must divide" in run.stderr
+    assert message in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr

@@ -29,6 +29,20 @@ class ChapterArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def positive(kind: type[int] | type[float]):
+    """An argparse ``type`` for a flag that must be above zero; a bad value is one clear line."""
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+    convert.__name__ = kind.__name__  # argparse names the type in its messages
+    return convert
+
+
 def chapter_parser(doc: str | None, prog: str | None = None) -> ChapterArgumentParser:
     """A parser with the shared flags; a chapter adds its own flags to it."""
     description, _, epilog = (doc or "").strip().partition("\n")
