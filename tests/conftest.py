@@ -44,6 +44,14 @@ def load_results(out: Path, chapter: int) -> dict:
     return results
 
 
+def run_quick(tmp_path_factory, script: str, chapter: int, *extra: str) -> tuple:
+    """A chapter's ``--quick`` run into a fresh directory: (run, that directory, results.json)."""
+    out = tmp_path_factory.mktemp(f"ch{chapter:02d}")
+    run = run_script(script, "--quick", *extra, "--out", str(out), timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run, out, load_results(out, chapter)
+
+
 PROVENANCE_KEYS = {"torch", "backend", "device", "world_size", "quick", "date", "git_commit"}
 
 

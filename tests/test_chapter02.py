@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import PROVENANCE_KEYS, assert_png, load_results, run_script
+from conftest import PROVENANCE_KEYS, assert_png, run_quick, run_script
 
 SCRIPT = "scripts/chapter02_collectives.py"
 COLLECTIVES = ("send_recv", "broadcast", "scatter", "gather", "reduce", "all_gather",
@@ -12,10 +12,7 @@ COLLECTIVES = ("send_recv", "broadcast", "scatter", "gather", "reduce", "all_gat
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ch02")
-    run = run_script(SCRIPT, "--quick", "--out", str(out))  # the default: 4 CPU ranks
-    assert run.returncode == 0, run.stderr
-    return run, out, load_results(out, 2)
+    return run_quick(tmp_path_factory, SCRIPT, 2)  # the default: 4 CPU ranks
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import PROVENANCE_KEYS, assert_png, load_results, run_script
+from conftest import PROVENANCE_KEYS, assert_png, load_results, run_quick, run_script
 
 SCRIPT = "scripts/chapter03_ring_allreduce.py"
 FIGURES = ("ring_steps.png", "time.png", "busbw.png", "segments.png")
@@ -13,10 +13,7 @@ FIGURES = ("ring_steps.png", "time.png", "busbw.png", "segments.png")
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ch03")
-    run = run_script(SCRIPT, "--quick", "--out", str(out))
-    assert run.returncode == 0, run.stderr
-    return run, out, load_results(out, 3)
+    return run_quick(tmp_path_factory, SCRIPT, 3)
 
 
 @pytest.mark.slow

@@ -5,17 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import PROVENANCE_KEYS, assert_png, load_results, run_script
+from conftest import PROVENANCE_KEYS, assert_png, run_quick
 
 SCRIPT = "scripts/chapter04_hooks.py"
 
 
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ch04")
-    run = run_script(SCRIPT, "--quick", "--out", str(out), timeout=180)
-    assert run.returncode == 0, run.stderr
-    return run, out, load_results(out, 4)
+    return run_quick(tmp_path_factory, SCRIPT, 4)
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import PROVENANCE_KEYS, assert_png, load_results, run_script
+from conftest import PROVENANCE_KEYS, assert_png, run_quick, run_script
 
 from ddplab import stragglers
 
@@ -18,10 +18,7 @@ SLOPE_TARGET = (0.8, 1.2)  # the issue's target for idle time against injected d
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    out = tmp_path_factory.mktemp("chapter06")
-    run = run_script(SCRIPT, "--quick", "--world-size", "2", "--out", str(out), timeout=180)
-    assert run.returncode == 0, run.stderr
-    return run, out, load_results(out, 6)
+    return run_quick(tmp_path_factory, SCRIPT, 6, "--world-size", "2")
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import PROVENANCE_KEYS, assert_png, load_results, run_script
+from conftest import PROVENANCE_KEYS, assert_png, load_results, run_quick, run_script
 
 import ddplab
 
@@ -14,10 +14,7 @@ ISSUE_KEYS = {"resume", "dcp", "restart", "save_ms", "load_ms", "checkpoint_mb",
 
 @pytest.fixture(scope="module")
 def chapter(tmp_path_factory):
-    out = tmp_path_factory.mktemp("out")
-    run = run_script(SCRIPT, "--quick", "--out", str(out), timeout=180)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return run, out, load_results(out, 7)
+    return run_quick(tmp_path_factory, SCRIPT, 7)
 
 
 @pytest.mark.slow
