@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import warnings
 from pathlib import Path
 
@@ -37,9 +36,8 @@ def test_the_nccl_exchange_gives_the_same_sums(world_size, tmp_path):
 
 
 def test_ranks_with_different_sizes_or_dtypes_get_an_error_not_a_hang(tmp_path):
-    start = time.perf_counter()
+    # A hang would end in a RankFailed after --timeout, not in these messages on every rank.
     run = ddplab.launch(ring_workers.mismatched_tensors, parse("--world-size", "3", out=tmp_path))
-    assert time.perf_counter() - start < 30
     for size_message, dtype_message in run.result:  # every rank raised, the same error
         assert "different sizes" in size_message
         assert "numel from 10 to 11" in size_message

@@ -1,8 +1,8 @@
 """All-reduce built from point-to-point messages: a naive one, then the ring.
 
 ``naive_all_reduce``: every rank sends its tensor to rank 0, rank 0 adds them up and sends the
-sum back.  Rank 0 sends and receives (N-1)·S bytes: its link is the bottleneck, and it gets
-worse with every rank you add.
+sum back.  Rank 0 receives (N-1)·S bytes, then sends (N-1)·S more: its link is the bottleneck,
+and it gets worse with every rank you add.
 
 ``ring_all_reduce``: the ranks stand in a ring and each one only talks to its two neighbours.
 The tensor is cut into N chunks, and the sum is built in two phases of N-1 steps each:
@@ -11,6 +11,9 @@ The tensor is cut into N chunks, and the sum is built in two phases of N-1 steps
    (r-s-1) mod N that arrives from the left into its own copy.  After N-1 steps, rank r holds
    the finished sum of chunk (r+1) mod N.
 2. all-gather: the finished chunks go round the ring once more, copied instead of added.
+
+The chunk a rank receives at one step is the chunk it sends at the next, so the code is a relay:
+send your own chunk, then 2(N-1) times receive a chunk, add it (or keep it), and pass it on.
 
 Every rank sends 2(N-1)/N·S bytes in total, whatever N is: the bandwidth-optimal all-reduce
 (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations",
@@ -31,7 +34,7 @@ import torch.distributed as dist
 # overlaps with receiving the next.  gloo's C++ ring uses 1 MiB; each message sent from
 # Python costs more (chapter 03 measures it), so we send fewer, larger ones.
 SEGMENT_BYTES = 4 << 20
-IN_FLIGHT = 2  # receive buffers per exchange: one being filled while the other is added
+IN_FLIGHT = 2  # receives posted ahead: one being filled while the previous one is added
 
 
 class SizeMismatchError(ValueError):
@@ -43,8 +46,8 @@ def check_same_tensor(tensor: torch.Tensor, group: dist.ProcessGroup | None = No
     """Raise on every rank if the ranks' tensors differ in size or dtype.
 
     Without this check, a rank with a longer tensor waits for bytes its neighbour never sends:
-    a hang until the timeout.  The check is one extra all-reduce of four integers, so it adds
-    one small-message latency (alpha) to every call; chapter 03 measures it.
+    a hang until the timeout.  The check is one extra all-reduce of four integers: a whole
+    small-message latency, which is why ``ring_all_reduce(check=False)`` can skip it.
     """
     dtype_id = zlib.crc32(str(tensor.dtype).encode())  # the same number in every process
     mine = [tensor.numel(), dtype_id]
@@ -71,10 +74,12 @@ def _peer(group: dist.ProcessGroup | None, group_rank: int) -> int:
 
 
 # --8<-- [start:naive]
-def naive_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None):
+def naive_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None, *,
+                     check: bool = True) -> torch.Tensor:
     """In-place SUM: everyone sends to rank 0, rank 0 adds, rank 0 sends the sum back."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    check_same_tensor(tensor, group)
+    if check:
+        check_same_tensor(tensor, group)
     if world == 1 or tensor.numel() == 0:
         return tensor
     flat = _flat(tensor)
@@ -85,7 +90,7 @@ def naive_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = Non
         for work, buf in zip(receives, inbox, strict=True):
             work.wait()
             flat.add_(buf)
-        for work in [dist.isend(flat, dst, group) for dst in others]:
+        for work in [dist.isend(flat, dst, group) for dst in others]:  # only now: the sum
             work.wait()
     else:
         dist.send(flat, _peer(group, 0), group)
@@ -110,107 +115,134 @@ class RingStep:
 
 # --8<-- [start:ring]
 def ring_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None, *,
-                    segment_bytes: int = SEGMENT_BYTES,
+                    check: bool = True, segment_bytes: int = SEGMENT_BYTES,
                     trace: Callable[[RingStep], None] | None = None) -> torch.Tensor:
     """In-place SUM over the ranks of ``group``, from send/recv: reduce-scatter, all-gather."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    check_same_tensor(tensor, group)  # a clear error instead of a hang
+    if check:
+        check_same_tensor(tensor, group)  # a clear error instead of a hang (see below)
     if world == 1 or tensor.numel() == 0:
         return tensor
     flat = _flat(tensor)
     chunks = flat.tensor_split(world)  # N chunks; sizes differ by at most one element
-    segment = min(segment_bytes // flat.element_size(), chunks[0].numel())  # chunk 0: largest
-    link = _RingLink(group, rank, world, segment)
-
-    for step in range(world - 1):  # reduce-scatter: add what arrives
-        send, recv = (rank - step) % world, (rank - step - 1) % world
-        link.exchange(chunks[send], chunks[recv], add=True)
+    # Step s: chunk (r-s-1) arrives from the left.  The first N-1 steps add it in (the
+    # reduce-scatter), the last N-1 keep it (the all-gather); at step s+1 it goes on, right.
+    plan = [((rank - s - 1) % world, s < world - 1) for s in range(2 * (world - 1))]
+    link = _link(group, rank, world, [(chunks[c], add) for c, add in plan], segment_bytes,
+                 ahead=1 if trace else IN_FLIGHT)  # a trace reads chunks: nothing lands early
+    link.send(chunks[rank])  # step 0 sends this rank's own chunk
+    for step, (chunk, add) in enumerate(plan):
+        link.relay(pass_on=step < len(plan) - 1)  # wait for it, add it (or keep it), pass it on
         if trace:
-            trace(RingStep("reduce-scatter", step, rank, send, recv, list(chunks)))
-
-    for step in range(world - 1):  # all-gather: rank r owns chunk r+1; pass the sums on
-        send, recv = (rank + 1 - step) % world, (rank - step) % world
-        link.exchange(chunks[send], chunks[recv], add=False)
-        if trace:
-            trace(RingStep("all-gather", step, rank, send, recv, list(chunks)))
-
+            phase, i = ("reduce-scatter", step) if add else ("all-gather", step - world + 1)
+            trace(RingStep(phase, i, rank, (rank - step) % world, chunk, list(chunks)))
+    link.finish()  # our sends have left: the caller may change the tensor again
     if flat.data_ptr() != tensor.data_ptr():  # we worked on a contiguous copy
         tensor.copy_(flat.view_as(tensor))
     return tensor
 # --8<-- [end:ring]
 
 
+def _link(group, rank: int, world: int, incoming: list, segment_bytes: int, ahead: int):
+    """The exchange that suits the backend: gloo's messages, or nccl's grouped launches."""
+    if dist.get_backend(group) == "gloo":
+        elems = max(1, segment_bytes // incoming[0][0].element_size())
+        return _RingLink(group, rank, world, incoming, elems, ahead)
+    return _GroupedLink(group, rank, world, incoming)
+
+
 # --8<-- [start:exchange]
 class _RingLink:
-    """This rank's two neighbours, and one step of the ring: send a chunk, receive another."""
+    """This rank's place in the ring: receives posted ahead, pieces passed on as they arrive."""
 
-    def __init__(self, group, rank: int, world: int, segment_elems: int):
-        self.group = group
+    def __init__(self, group, rank: int, world: int, incoming: list, segment: int, ahead: int):
+        self.group, self.segment, self.ahead = group, segment, ahead
         self.right = _peer(group, (rank + 1) % world)
         self.left = _peer(group, (rank - 1) % world)
-        self.segment = max(1, segment_elems)
-        self.scratch: list[torch.Tensor] = []  # receive buffers for the reduce-scatter
-        self.grouped = dist.get_backend(group) != "gloo"  # nccl: see _exchange_grouped
+        # Every message this rank will receive, in order: (piece of a chunk, add it?).
+        self.todo = deque((piece, add) for chunk, add in incoming for piece in self.pieces(chunk))
+        self.posted: deque = deque()  # (work, landing buffer, piece, add), oldest first
+        self.scratch = [None] * ahead  # receive buffers for the pieces that are added
+        self.sends: list = []
+        self.steps = [len(self.pieces(chunk)) for chunk, _ in incoming]  # pieces per step
+        self.largest_piece = max(chunk.numel() for chunk, _ in incoming)
+        self.added_receives = 0
+        self._post_ahead()  # before any send: a send waits for its receive to be posted
 
-    def exchange(self, outgoing: torch.Tensor, incoming: torch.Tensor, add: bool) -> None:
-        """Send ``outgoing`` right while ``incoming`` arrives from the left, segment by segment.
-
-        add=False (all-gather): receive straight into ``incoming``, no copy.
-        add=True (reduce-scatter): receive into a scratch buffer, then ``incoming += buffer``;
-        with IN_FLIGHT buffers, the next segments arrive while this one is being added.
-        """
-        if self.grouped:
-            return self._exchange_grouped(outgoing, incoming, add)
-        sends = [dist.isend(seg, self.right, self.group) for seg in self._segments(outgoing)]
-        if not add:
-            receives = [dist.irecv(seg, self.left, self.group) for seg in self._segments(incoming)]
-            for work in receives:
-                work.wait()
-        else:
-            pending: deque = deque()
-            for i, target in enumerate(self._segments(incoming)):
-                if len(pending) == IN_FLIGHT:
-                    self._add_when_arrived(*pending.popleft())
-                buffer = self._scratch(i % IN_FLIGHT, target)
-                pending.append((dist.irecv(buffer, self.left, self.group), buffer, target))
-            while pending:
-                self._add_when_arrived(*pending.popleft())
-        for work in sends:
-            work.wait()
-
-    def _segments(self, chunk: torch.Tensor) -> list[torch.Tensor]:
+    def pieces(self, chunk: torch.Tensor) -> list[torch.Tensor]:
         # An empty chunk (tensor smaller than N) sends nothing; its receiver expects nothing.
         return list(chunk.split(self.segment)) if chunk.numel() else []
 
-    @staticmethod
-    def _add_when_arrived(work, buffer: torch.Tensor, target: torch.Tensor) -> None:
-        work.wait()
-        target.add_(buffer)
+    def send(self, chunk: torch.Tensor) -> None:
+        self.sends += [dist.isend(piece, self.right, self.group) for piece in self.pieces(chunk)]
 
-    def _scratch(self, slot: int, like: torch.Tensor) -> torch.Tensor:
-        """Receive buffer number ``slot``, allocated once per call and reused for every step."""
-        if len(self.scratch) <= slot:
-            self.scratch.append(torch.empty(self.segment, dtype=like.dtype, device=like.device))
-        return self.scratch[slot][: like.numel()]
+    def relay(self, pass_on: bool) -> None:
+        """One step: each piece of the arriving chunk is waited for, added, and passed on."""
+        for _ in range(self.steps.pop(0)):
+            self._post_ahead()
+            work, landed, piece, add = self.posted.popleft()
+            work.wait()
+            if add:
+                piece.add_(landed)
+            if pass_on:
+                self.sends.append(dist.isend(piece, self.right, self.group))
+
+    def finish(self) -> None:
+        for work in self.sends:
+            work.wait()
+
+    def _post_ahead(self) -> None:
+        """Keep ``ahead`` receives posted, so a piece never waits for us to ask for it."""
+        while self.todo and len(self.posted) < self.ahead:
+            piece, add = self.todo.popleft()
+            landing = self._scratch(piece) if add else piece  # kept pieces land in place
+            self.posted.append((dist.irecv(landing, self.left, self.group), landing, piece, add))
 # --8<-- [end:exchange]
 
-    # --8<-- [start:grouped]
-    def _exchange_grouped(self, outgoing: torch.Tensor, incoming: torch.Tensor,
-                          add: bool) -> None:
-        """The exchange for nccl: the send and the receive launched together, as one group.
+    def _scratch(self, like: torch.Tensor) -> torch.Tensor:
+        """Receive buffer number k % ahead for the k-th added piece: by the time it is reused,
+        the piece that last landed in it has been added (``relay`` tops up before it waits)."""
+        slot = self.added_receives % self.ahead
+        self.added_receives += 1
+        if self.scratch[slot] is None:
+            size = min(self.segment, self.largest_piece)
+            self.scratch[slot] = torch.empty(size, dtype=like.dtype, device=like.device)
+        return self.scratch[slot][: like.numel()]
 
-        NCCL runs point-to-point ops as kernels queued on a stream.  Queue a send before the
-        receive on two ranks that exchange with each other, and each send waits for a
-        receive queued behind the other rank's send: a deadlock (NVIDIA/nccl#479).
-        ``batch_isend_irecv`` launches the list as one NCCL group.  Whole chunks, no
-        segments: this path is correct but not tuned, and this book has not measured it.
-        """
+
+# --8<-- [start:grouped]
+class _GroupedLink:
+    """The relay for nccl: each step's send and receive launched together, as one group.
+
+    NCCL runs point-to-point ops as kernels queued on a stream.  Queue a send before the
+    receive on two ranks that exchange with each other, and each send waits for a receive
+    queued behind the other rank's send: a deadlock (NVIDIA/nccl#479).  ``batch_isend_irecv``
+    launches the list as one NCCL group.  Whole chunks, no segments: this path is correct but
+    not tuned, and this book has not measured it.
+    """
+
+    def __init__(self, group, rank: int, world: int, incoming: list):
+        self.group, self.incoming = group, deque(incoming)
+        self.right = _peer(group, (rank + 1) % world)
+        self.left = _peer(group, (rank - 1) % world)
+        self.outgoing: torch.Tensor | None = None
+
+    def send(self, chunk: torch.Tensor) -> None:
+        self.outgoing = chunk  # goes out with the next step's receive
+
+    def relay(self, pass_on: bool) -> None:
+        incoming, add = self.incoming.popleft()
         landing = torch.empty_like(incoming) if add else incoming
-        ops = [dist.P2POp(dist.isend, outgoing, self.right, self.group)] if outgoing.numel() else []
+        ops = [dist.P2POp(dist.isend, self.outgoing, self.right, self.group)
+               ] if self.outgoing is not None and self.outgoing.numel() else []
         if incoming.numel():
             ops.append(dist.P2POp(dist.irecv, landing, self.left, self.group))
         for work in dist.batch_isend_irecv(ops) if ops else []:
             work.wait()
         if add:
             incoming.add_(landing)
-    # --8<-- [end:grouped]
+        self.outgoing = incoming if pass_on else None
+
+    def finish(self) -> None:
+        pass  # every step waited for its own send
+# --8<-- [end:grouped]
