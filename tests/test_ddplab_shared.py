@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 import torch
@@ -53,6 +54,7 @@ def test_git_commit_is_dirty_for_code_changes_not_for_regenerated_figures(tmp_pa
 def test_results_json_has_chapter_provenance_and_metrics(tmp_path):
     path = results.write_results(tmp_path, 5, {"a": {"b": 1.5}, "bad": float("nan")}, {"x": 1})
     data = json.loads(path.read_text())  # strict JSON: NaN became null
+    assert 0 < data.pop("seconds") < time.time() - results.process_start() + 1  # wall time
     assert data == {"chapter": 5, "provenance": {"x": 1}, "a": {"b": 1.5}, "bad": None}
 
 

@@ -1,0 +1,54 @@
+"""make bench's table: wall times read from results.json, slow chapters flagged (no timing here:
+the results.json files are made up)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import bench
+
+
+def fake_run(out: Path, chapter: int, seconds) -> Path:
+    script = Path(f"scripts/chapter{chapter:02d}_demo.py")
+    (out / f"chapter{chapter:02d}").mkdir(parents=True)
+    payload = {"chapter": chapter, "provenance": {}}
+    if seconds is not None:
+        payload["seconds"] = seconds
+    (out / f"chapter{chapter:02d}" / "results.json").write_text(json.dumps(payload))
+    return script
+
+
+def test_slow_chapters_are_flagged_and_the_exit_status_stays_0(tmp_path):
+    rows = [bench.read_row(tmp_path, fake_run(tmp_path, 1, 12.5)),
+            bench.read_row(tmp_path, fake_run(tmp_path, 2, 61.0))]
+    text = bench.table(rows, limit=60)
+    lines = text.splitlines()
+    assert "12.5 s" in lines[1] and "SLOW" not in lines[1]
+    assert "61.0 s" in lines[2] and "SLOW: over 60 s" in lines[2]
+    assert "1 chapter(s) over 60 s" in lines[-1] and "exit status stays 0" in lines[-1]
+    assert bench.exit_status(rows) == 0
+
+
+def test_exactly_at_the_limit_is_not_flagged(tmp_path):
+    rows = [bench.read_row(tmp_path, fake_run(tmp_path, 3, 60.0))]
+    assert "SLOW" not in bench.table(rows, limit=60)
+    assert bench.table(rows, limit=60).splitlines()[-1] == "all 1 chapters within 60 s"
+
+
+def test_a_failed_run_or_a_missing_time_fails_the_bench(tmp_path):
+    failed = bench.read_row(tmp_path, Path("scripts/chapter04_x.py"), 1, "boom\nerror: no port\n")
+    no_time = bench.read_row(tmp_path, fake_run(tmp_path, 5, None))
+    missing = bench.read_row(tmp_path, Path("scripts/chapter06_x.py"))
+    assert failed.error == "exit 1: error: no port"
+    assert no_time.error == "results.json has no 'seconds'"
+    assert missing.error.startswith("no results.json")
+    text = bench.table([failed, no_time, missing])
+    assert text.count("FAILED") == 3 and text.splitlines()[-1].startswith("3 chapter(s) failed")
+    assert bench.exit_status([failed]) == 1
+
+
+def test_every_chapter_script_is_found_with_its_number():
+    scripts = bench.chapter_scripts()
+    numbers = [bench.chapter_number(s) for s in scripts]
+    assert numbers == sorted(numbers) and 3 in numbers
