@@ -32,6 +32,7 @@ def rank1_raises(ctx: ddplab.RankContext, args) -> None:
 def rank1_never_arrives(ctx: ddplab.RankContext, args) -> None:
     if ctx.rank == 1:
         time.sleep(60)  # much longer than the test's --timeout
+        (Path(args.out) / "rank1-woke-up").touch()  # only if the launcher did not stop it
     dist.barrier()
 
 
