@@ -151,7 +151,6 @@ def _link(group, rank: int, world: int, incoming: list, segment_bytes: int, ahea
     return _GroupedLink(group, rank, world, incoming)
 
 
-# --8<-- [start:exchange]
 class _RingLink:
     """This rank's place in the ring: receives posted ahead, pieces passed on as they arrive."""
 
@@ -176,6 +175,7 @@ class _RingLink:
     def send(self, chunk: torch.Tensor) -> None:
         self.sends += [dist.isend(piece, self.right, self.group) for piece in self.pieces(chunk)]
 
+    # --8<-- [start:relay]
     def relay(self, pass_on: bool) -> None:
         """One step: each piece of the arriving chunk is waited for, added, and passed on."""
         for _ in range(self.steps.pop(0)):
@@ -187,17 +187,17 @@ class _RingLink:
             if pass_on:
                 self.sends.append(dist.isend(piece, self.right, self.group))
 
-    def finish(self) -> None:
-        for work in self.sends:
-            work.wait()
-
     def _post_ahead(self) -> None:
         """Keep ``ahead`` receives posted, so a piece never waits for us to ask for it."""
         while self.todo and len(self.posted) < self.ahead:
             piece, add = self.todo.popleft()
             landing = self._scratch(piece) if add else piece  # kept pieces land in place
             self.posted.append((dist.irecv(landing, self.left, self.group), landing, piece, add))
-# --8<-- [end:exchange]
+    # --8<-- [end:relay]
+
+    def finish(self) -> None:
+        for work in self.sends:
+            work.wait()
 
     def _scratch(self, like: torch.Tensor) -> torch.Tensor:
         """Receive buffer number k % ahead for the k-th added piece: by the time it is reused,
@@ -210,7 +210,6 @@ class _RingLink:
         return self.scratch[slot][: like.numel()]
 
 
-# --8<-- [start:grouped]
 class _GroupedLink:
     """The relay for nccl: each step's send and receive launched together, as one group.
 
@@ -230,7 +229,9 @@ class _GroupedLink:
     def send(self, chunk: torch.Tensor) -> None:
         self.outgoing = chunk  # goes out with the next step's receive
 
+    # --8<-- [start:grouped]
     def relay(self, pass_on: bool) -> None:
+        """One step: this step's send and receive, launched together as one NCCL group."""
         incoming, add = self.incoming.popleft()
         landing = torch.empty_like(incoming) if add else incoming
         ops = [dist.P2POp(dist.isend, self.outgoing, self.right, self.group)
@@ -242,7 +243,7 @@ class _GroupedLink:
         if add:
             incoming.add_(landing)
         self.outgoing = incoming if pass_on else None
+    # --8<-- [end:grouped]
 
     def finish(self) -> None:
         pass  # every step waited for its own send
-# --8<-- [end:grouped]
