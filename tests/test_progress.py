@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import io
 
-import ddplab
 import pytest
 import torch
+
+import ddplab
 from ddplab import ranks
 
 
