@@ -126,13 +126,15 @@ class PageReport:
 
 READ_PAGE = """async () => {
   if (window.MathJax && MathJax.startup) await MathJax.startup.promise;
-  const content = document.querySelector('.md-content');
-  const prose = content.cloneNode(true);
-  prose.querySelectorAll('pre, code, mjx-container, script').forEach(e => e.remove());
+  const content = document.querySelector('.md-content').cloneNode(true);
+  content.querySelectorAll('script, style').forEach(e => e.remove());
+  const text = content.textContent;  // also what collapsed blocks hold
+  const prose = content;
+  prose.querySelectorAll('pre, code, mjx-container').forEach(e => e.remove());
   const column = document.querySelector('.md-content__inner');
   return {
-    text: content.innerText,
-    prose: prose.innerText,
+    text: text,
+    prose: prose.textContent,
     images: [...document.querySelectorAll('img')].map(i => ({
       src: i.getAttribute('src'), loaded: i.complete && i.naturalWidth > 0,
       width: i.width, natural: i.naturalWidth, figure: !!i.closest('.md-content')})),
