@@ -7,10 +7,12 @@ import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import mkdocs_hooks
 import pytest
 from conftest import REPO
+from mkdocs.exceptions import PluginError
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +132,12 @@ def test_the_404_page_lists_the_book(site):
     html = (site / "404.html").read_text()
     assert "This page is not in the book" in html
     assert 'href="/chapters/01-processes/"' in html
+
+
+def test_the_notebook_page_loads_the_sites_mathjax_only(site):
+    html = (site / "results" / "index.html").read_text()
+    assert "notebook-mathjax-removed-by-hook" not in html
+    assert html.count("mathjax/tex-chtml.js") == 1  # the site's, from extra_javascript
+    page = SimpleNamespace(file=SimpleNamespace(src_uri="other.ipynb"))
+    with pytest.raises(PluginError, match="no longer loads MathJax"):
+        mkdocs_hooks.on_post_page("<html>a changed template</html>", page, None)
