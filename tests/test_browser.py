@@ -324,16 +324,21 @@ IDENTIFIER = re.compile(r"\b[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9_]*[A-Za-z0-9]\b")
 def search(page, query: str) -> set[str]:
     """Type into the site's search box; the paths of the pages it lists (every result loaded)."""
     box = page.locator("input.md-search__input")
-    box.fill("")
-    box.type(query)
-    page.wait_for_function(
-        "q => document.querySelector('.md-search-result__meta').textContent.match(/\\d|No /)",
-        arg=query, timeout=10_000)
-    page.wait_for_timeout(300)  # results of the last keystroke
-    count = -1
-    while count != (count := page.locator(".md-search-result__item").count()):
-        page.locator(".md-search-result__item").last.scroll_into_view_if_needed()
-        page.wait_for_timeout(200)  # Material renders more results as the list scrolls
+    meta = "document.querySelector('.md-search-result__meta').textContent"
+    # Material searches on a key press, not on the input's value: empty the box with one, then
+    # type the query's last character. Between the two, the count is gone, so the one read
+    # below is this query's, not the last one's.
+    box.fill("x")
+    box.press("Backspace")
+    page.wait_for_function(f"!/\\d|No /.test({meta})", timeout=10_000)
+    box.fill(query[:-1])
+    box.press(query[-1])
+    page.wait_for_function(f"/\\d|No /.test({meta})", timeout=10_000)
+    items, count = page.locator(".md-search-result__item"), -1
+    while 0 < (shown := items.count()) != count:  # Material renders more as the list scrolls
+        count = shown
+        items.last.scroll_into_view_if_needed()
+        page.wait_for_timeout(200)
     hrefs = page.eval_on_selector_all("a.md-search-result__link", "as => as.map(a => a.href)")
     return {urlparse(urldefrag(h)[0]).path.lstrip("/") for h in hrefs}
 
