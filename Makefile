@@ -17,7 +17,7 @@ STAMP    := $(VENV)/.installed
 CHAPTERS := $(sort $(patsubst scripts/chapter%.py,%,$(wildcard scripts/chapter[0-9][0-9]_*.py)))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint figures bench docs serve clean distclean
+.PHONY: help setup test test-browser lint figures bench docs docs-offline serve clean distclean
 
 help: ## list the targets
 	@echo "DDP from Scratch — targets (each one sets up .venv first if needed):"
@@ -47,20 +47,27 @@ figures: $(STAMP) ## run every chapter in full and refresh figures/ (one at a ti
 bench: $(STAMP) ## each chapter's --quick, one at a time, into a scratch dir: wall times, >60 s flagged
 	$(PY) tools/bench.py $(ARGS)
 
-test: $(STAMP) lint ## lint, then the whole test suite (quick runs of every chapter, site build)
+test: $(STAMP) lint ## lint, then every test (chapters' quick runs, the site, in Chromium if there is one)
 	$(PY) -m pytest
+
+# REQUIRE_BROWSER_TEST: a missing Chromium or playwright fails here instead of skipping.
+test-browser: $(STAMP) ## the site in headless Chromium, every page (needs: apt-get install chromium)
+	REQUIRE_BROWSER_TEST=1 $(PY) -m pytest tests/test_browser.py
 
 lint: $(STAMP) ## ruff
 	$(PY) -m ruff check scripts tests tools docs
 
-docs: $(STAMP) ## build the site into site/ (offline, --strict)
+docs: $(STAMP) ## build the site into site/ (--strict; needs no internet to read)
 	$(VENV)/bin/mkdocs build --strict
+
+docs-offline: $(STAMP) ## build site-offline.zip: the book to read from file://, without a server
+	$(PY) tools/build_offline.py
 
 serve: $(STAMP) ## serve the site at http://127.0.0.1:8000 with live reload
 	$(VENV)/bin/mkdocs serve
 
 clean: ## remove build output and caches (keeps .venv and figures/)
-	rm -rf site .cache .pytest_cache .ruff_cache
+	rm -rf site site-offline site-offline.zip .cache .pytest_cache .ruff_cache
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean ## clean, and remove .venv too

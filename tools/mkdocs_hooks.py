@@ -12,6 +12,10 @@
 
    A missing file or key stops the build (with ``--strict`` or not): a page never shows a number
    that no run produced.
+3. A notebook page (mkdocs-jupyter) loses the ``<script>`` its template adds for MathJax: the site
+   loads its own MathJax on every page.  That script's ``src`` is mkdocs.yml's
+   ``custom_mathjax_url``, the same for every notebook page, so no one relative path could be right
+   both at ``results/`` (hosted) and at ``results.html`` (offline build).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "figures"
+NOTEBOOK_MATHJAX = '<script src="notebook-mathjax-removed-by-hook.js"> </script>'
 PLACEHOLDER = re.compile(r"\{\{\s*(result|provenance)\s+(\d{2})(?:\s+([^\s}]+))?"
                          r"(?:\s+([^\s}]+))?\s*\}\}")
 
@@ -85,3 +90,12 @@ def describe_provenance(p: dict) -> str:
     return (f"*Measured on {p['device']} ({where}), {ranks} on {p['backend']}, "
             f"torch {p['torch']}, launched by {p['launcher']}, {p['date'][:10]}, "
             f"commit `{p['git_commit']}`{quick}.*")
+
+
+def on_post_page(output: str, page, config) -> str:
+    if not page.file.src_uri.endswith(".ipynb"):
+        return output
+    if NOTEBOOK_MATHJAX not in output:
+        raise PluginError(f"{page.file.src_uri}: the notebook template no longer loads MathJax as "
+                          f"{NOTEBOOK_MATHJAX}: check mkdocs-jupyter's custom_mathjax_url")
+    return output.replace(NOTEBOOK_MATHJAX, "")

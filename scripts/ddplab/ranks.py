@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import random
+import sys
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TextIO
 
 import torch
 import torch.distributed as dist
@@ -79,10 +82,43 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed % 2**32)
 
 
-def progress(iterable: Iterable, ctx: RankContext, desc: str, total: int | None = None):
-    """A tqdm bar on rank 0 only (N ranks drawing N bars over each other helps nobody)."""
+def progress(iterable: Iterable, ctx: RankContext, desc: str, total: int | None = None,
+             stream: TextIO | None = None):
+    """Rank 0 reports progress; the other ranks stay quiet (N bars over each other help nobody).
+
+    On a terminal: a tqdm bar.  Into a log or CI output (``stream`` is not a terminal), a bar
+    would be thousands of ``\\r`` updates, so it is a plain line every ``LINE_EVERY_S`` seconds
+    or ``LINE_EVERY_PERCENT`` %, and one at the end.  ``stream`` defaults to stderr, like tqdm.
+    """
     if not ctx.is_main:
         return iterable
-    from tqdm.auto import tqdm
+    stream = sys.stderr if stream is None else stream
+    if total is None and hasattr(iterable, "__len__"):
+        total = len(iterable)
+    if stream.isatty():
+        from tqdm.auto import tqdm
 
-    return tqdm(iterable, desc=desc, total=total, leave=False, dynamic_ncols=True)
+        return tqdm(iterable, desc=desc, total=total, leave=False, dynamic_ncols=True, file=stream)
+    return progress_lines(iterable, desc, total, stream)
+
+
+LINE_EVERY_S = 10.0
+LINE_EVERY_PERCENT = 10
+
+
+def progress_lines(iterable: Iterable, desc: str, total: int | None, stream: TextIO):
+    """Yield from ``iterable``, printing ``desc: done/total (pct %), N s`` now and then."""
+    start = last_time = time.monotonic()
+    last_percent = done = printed = 0
+    for item in iterable:
+        yield item
+        done += 1
+        now = time.monotonic()
+        percent = 100 * done // total if total else 0
+        if (done == total or now - last_time >= LINE_EVERY_S
+                or percent >= last_percent + LINE_EVERY_PERCENT):
+            of_total = f"/{total} ({percent} %)" if total else ""
+            print(f"{desc}: {done}{of_total}, {now - start:.0f} s", file=stream, flush=True)
+            last_time, last_percent, printed = now, percent, done
+    if done != printed and not total:  # an iterable of unknown length: say where it ended
+        print(f"{desc}: {done} done, {time.monotonic() - start:.0f} s", file=stream, flush=True)
