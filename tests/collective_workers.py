@@ -6,7 +6,6 @@ import importlib.util
 
 import torch
 import torch.distributed as dist
-
 from conftest import REPO
 
 
