@@ -373,10 +373,10 @@ def default_cap_layouts(ctx, model: nn.Module, batches) -> dict:
         ddp = DistributedDataParallel(copy.deepcopy(model), device_ids=gpu, bucket_cap_mb=cap)
         for x, y in batches[:3]:  # the rebuild happens at the start of the second iteration
             F.cross_entropy(ddp(x), y).backward()
-        layouts[name] = {when: [b / MiB for b in sizes] if sizes else None
-                         for when, sizes in (
-                             ("first_iteration", native_bucket_sizes(ddp, "bucket_sizes")),
-                             ("rebuilt", native_bucket_sizes(ddp, "rebuilt_bucket_sizes")))}
+        for when, key in (("first_iteration", "bucket_sizes"), ("rebuilt", "rebuilt_bucket_sizes")):
+            sizes = native_bucket_sizes(ddp, key) or []
+            layouts.setdefault(name, {})[when] = {"count": len(sizes),
+                                                  "mib": [b / MiB for b in sizes]}
     return layouts
 
 
