@@ -44,7 +44,6 @@ QUICK_SWEEP_CAPS_MB = (0.25, 1, 4, 32)
 
 # --- 1. a tour of the hooks ------------------------------------------------------------------
 
-# --8<-- [start:tour]
 def hook_tour() -> list[dict]:
     """Every kind of hook on a two-layer model, and the order in which they fire."""
     torch.manual_seed(0)
@@ -54,6 +53,7 @@ def hook_tour() -> list[dict]:
     def log(kind: str, where: str) -> None:
         events.append({"kind": kind, "where": where})
 
+    # --8<-- [start:tour]
     for name, layer in (("layer 0", model[0]), ("layer 2", model[2])):
         layer.register_forward_pre_hook(lambda m, args, name=name: log("forward pre-hook", name))
         layer.register_forward_hook(lambda m, args, out, name=name: log("forward hook", name))
@@ -78,6 +78,7 @@ def hook_tour() -> list[dict]:
 
     for param in model.parameters():
         param.register_post_accumulate_grad_hook(on_accumulated)
+    # --8<-- [end:tour]
 
     x = torch.randn(5, 3, requires_grad=True)  # so that layer 0 has an input gradient to report
     loss = model(x).square().mean()
@@ -85,7 +86,6 @@ def hook_tour() -> list[dict]:
     loss.backward()
     log("backward returned", "loss.backward()")
     return events
-# --8<-- [end:tour]
 
 
 # --8<-- [start:trap]
