@@ -31,7 +31,6 @@ def check_outputs(out, launcher: str) -> dict:
 def test_quick_run_with_mp_spawn(out_dir):
     run = run_script(SCRIPT, "--quick", "--world-size", "2", "--out", str(out_dir))
     assert run.returncode == 0, run.stderr
-    assert run.seconds < 60
     results = check_outputs(out_dir, "mp.spawn")
     assert [r["rank"] for r in results["ranks"]] == [0, 1]
     assert "replicas, same seed" in run.stdout

@@ -20,7 +20,6 @@ def quick(tmp_path_factory):
 @pytest.mark.slow
 def test_quick_run_draws_one_figure_per_collective(quick):
     run, out, results = quick
-    assert run.seconds < 60
     for name in COLLECTIVES:
         assert_png(out / "chapter02" / f"{name}.png")
         assert name in run.stdout  # each rank's before and after is printed
