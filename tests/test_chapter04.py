@@ -17,7 +17,7 @@ def spawned(tmp_path_factory):
 
 @pytest.mark.slow
 def test_quick_run_writes_figures_trace_and_provenance(spawned):
-    run, out, results = spawned
+    _, out, results = spawned
     for name in ("hooks.png", "ready_order.png", "overlap.png", "bucket_sweep.png"):
         assert_png(out / "chapter04" / name)
     trace = json.loads((out / "chapter04" / "overlap_trace.json").read_text())
