@@ -160,15 +160,20 @@ def draw_ranks(ranks: list[dict], path) -> None:
     ax.text(0.06, rows + 0.17, f"machine {ranks[0]['host']}  —  world size {n}, "
             f"backend {ranks[0]['backend']}", fontsize=9, va="center",
             color=plotting.OKABE_ITO["grey"])
+    members = {}  # group name -> the global ranks in it
+    for r in ranks:
+        members.setdefault(r["group"], []).append(r["rank"])
     for r in ranks:
         x, y = r["rank"] % cols, rows - 1 - r["rank"] // cols
         color = plotting.rank_color(r["rank"])
         ax.add_patch(FancyBboxPatch((x + 0.08, y + 0.12), 0.84, 0.86, boxstyle="round,pad=0.02",
                                     facecolor=color, alpha=0.15, edgecolor=color))
+        group = ", ".join(map(str, members[r["group"]]))
         lines = [f"rank {r['rank']}", f"local rank {r['local_rank']}",
                  f"pid {r['pid']}", f"{r['device']}, {r['threads']} thread(s)",
-                 f"{r['group']}:", f"rank {r['group_rank']} of {r['group_size']}",
-                 f"sum in group: {r['group_sum_of_ranks']:g}"]
+                 f"group '{r['group']}' = ranks {{{group}}}",
+                 f"rank {r['group_rank']} inside it (size {r['group_size']})",
+                 f"its all-reduce of ranks: {r['group_sum_of_ranks']:g}"]
         ax.text(x + 0.5, y + 0.55, "\n".join(lines), ha="center", va="center", fontsize=8)
     plotting.save(fig, path)
 

@@ -20,6 +20,7 @@ all_reduce, reduce_scatter, all_to_all}.png and results.json (or under --out DIR
 
 from __future__ import annotations
 
+import math
 import sys
 from functools import partial
 
@@ -119,6 +120,24 @@ def reduce_scatter(ctx, x):
 # --8<-- [end:reduce_scatter]
 
 
+def reduce_scatter_by_all_reduce(out: torch.Tensor, pieces: list[torch.Tensor]) -> None:
+    """The list-form reduce_scatter for a gloo that lacks it (torch before pytorch#149869, 2025,
+    raised 'ProcessGroupGloo does not support reduce_scatter'): all-reduce every piece and keep
+    this rank's, which is what gloo itself does since then."""
+    summed = torch.cat(pieces)
+    dist.all_reduce(summed)
+    out.copy_(summed.chunk(len(pieces))[dist.get_rank()])
+
+
+def use_fallbacks(support: dict) -> list[str]:
+    """Swap in the fallback for each call this torch's backend refused; name what was swapped."""
+    if support["reduce_scatter"] == "ok":
+        return []
+    # Rebinding the name in this process keeps the demo's code as the page shows it.
+    dist.reduce_scatter = reduce_scatter_by_all_reduce
+    return ["reduce_scatter"]
+
+
 # --8<-- [start:all_to_all]
 def all_to_all(ctx, x):
     out = torch.empty_like(x)
@@ -193,12 +212,17 @@ ALL = ("S", lambda n: 1.0)
 PIECE = ("S/N", lambda n: 1 / n)
 ALL_BUT_ONE_PIECE = ("(N-1)/N·S", lambda n: (n - 1) / n)
 TWICE_ALL_BUT_ONE = ("2(N-1)/N·S", lambda n: 2 * (n - 1) / n)
+LOG_N = ("⌈log₂N⌉·S", lambda n: float(math.ceil(math.log2(n))))
+# Broadcast and reduce are what gloo runs (gloo/broadcast.cc: a binomial tree, the root sends S
+# to each of ⌈log₂N⌉ peers; gloo/reduce.cc: a ring reduce-scatter, then a gather to the root),
+# not NCCL's pipelined chain; their busbw factor stays nccl-tests' 1.
 TRAFFIC = {  # collective: (algorithm, sent, received, busbw factor)
     "send_recv": ("direct", ALL, ALL, ALL),
-    "broadcast": ("pipelined chain", ALL, ALL, ALL),
+    "broadcast": ("binomial tree (gloo)", LOG_N, ALL, ALL),
     "scatter": ("direct from the root", ALL_BUT_ONE_PIECE, PIECE, ALL_BUT_ONE_PIECE),
     "gather": ("direct to the root", PIECE, ALL_BUT_ONE_PIECE, ALL_BUT_ONE_PIECE),
-    "reduce": ("pipelined chain", ALL, ALL, ALL),
+    "reduce": ("ring reduce-scatter, then gather to the root (gloo)", ALL_BUT_ONE_PIECE,
+               TWICE_ALL_BUT_ONE, ALL),
     "all_gather": ("ring", ALL_BUT_ONE_PIECE, ALL_BUT_ONE_PIECE, ALL_BUT_ONE_PIECE),
     "all_reduce": ("ring: reduce-scatter, then all-gather", TWICE_ALL_BUT_ONE,
                    TWICE_ALL_BUT_ONE, TWICE_ALL_BUT_ONE),
@@ -248,7 +272,9 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
     """Runs on every rank."""
     nbytes = QUICK_TIMED_BYTES if ctx.quick else TIMED_BYTES
     nbytes -= nbytes % (4 * ctx.world_size)  # whole float32 pieces for every rank
-    result = {"states": run_demos(ctx), "support": probe_support(ctx),
+    support = probe_support(ctx)
+    fallbacks = use_fallbacks(support)  # the same on every rank: the probe's verdict is shared
+    result = {"states": run_demos(ctx), "support": support, "fallbacks": fallbacks,
               "timed_bytes": nbytes, "time_ms": time_collectives(ctx, nbytes)}
     return result if ctx.is_main else None
 
@@ -359,7 +385,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     s = result["timed_bytes"]
     table = traffic_table(result["time_ms"], n, s)
     metrics = {
-        "states": result["states"], "support": result["support"], "timed_bytes": s,
+        "states": result["states"], "support": result["support"],
+        "fallbacks": result["fallbacks"], "timed_bytes": s,
         "timed_kib": s / KiB, "collectives": table,
         # the names behind the *_flat keys in this torch
         "api": {"reduce_scatter_flat": REDUCE_SCATTER_FLAT.__name__,
@@ -374,6 +401,9 @@ def main(argv: list[str] | None = None) -> dict | None:
             draw_collective(name, state, out / f"{name}.png")
         ddplab.write_results(out, CHAPTER, metrics, run.provenance)
     print(summarize(result["states"], table, result["support"], n, s))
+    for name in result["fallbacks"]:
+        print(f"note: this torch's {run.provenance['backend']} refused dist.{name} (see support); "
+              f"the demo and the timing ran it as one all-reduce per piece instead")
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/")
     return metrics
 

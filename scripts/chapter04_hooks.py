@@ -44,7 +44,6 @@ QUICK_SWEEP_CAPS_MB = (0.25, 1, 4, 32)
 
 # --- 1. a tour of the hooks ------------------------------------------------------------------
 
-# --8<-- [start:tour]
 def hook_tour() -> list[dict]:
     """Every kind of hook on a two-layer model, and the order in which they fire."""
     torch.manual_seed(0)
@@ -54,6 +53,7 @@ def hook_tour() -> list[dict]:
     def log(kind: str, where: str) -> None:
         events.append({"kind": kind, "where": where})
 
+    # --8<-- [start:tour]
     for name, layer in (("layer 0", model[0]), ("layer 2", model[2])):
         layer.register_forward_pre_hook(lambda m, args, name=name: log("forward pre-hook", name))
         layer.register_forward_hook(lambda m, args, out, name=name: log("forward hook", name))
@@ -78,6 +78,7 @@ def hook_tour() -> list[dict]:
 
     for param in model.parameters():
         param.register_post_accumulate_grad_hook(on_accumulated)
+    # --8<-- [end:tour]
 
     x = torch.randn(5, 3, requires_grad=True)  # so that layer 0 has an input gradient to report
     loss = model(x).square().mean()
@@ -85,7 +86,6 @@ def hook_tour() -> list[dict]:
     loss.backward()
     log("backward returned", "loss.backward()")
     return events
-# --8<-- [end:tour]
 
 
 # --8<-- [start:trap]
@@ -214,9 +214,37 @@ def median_step_timeline(ctx, ddp: BucketedDDP, timeline: Timeline, batches,
         timing.synchronize(ctx.device)
         if i >= 2:
             recorded.append(list(timeline.events))
+    if ctx.device.type == "cuda":  # host timestamps would time launches: read the GPU's clock
+        x, y = batches[0]
+        return gpu_kernel_events(ctx, lambda: timed_step(ddp, optimizer, x, y, timeline))
     lengths = timing.slowest_rank_per_step({"step": [max(e.end_ms for e in r) for r in recorded]})
     median = sorted(range(steps), key=lambda i: lengths["step"][i])[steps // 2]
     timeline.events = recorded[median]
+    return gather_events(timeline)
+
+
+def gpu_kernel_events(ctx, step) -> list[Event] | None:
+    """One step on the GPU's clock: every kernel torch.profiler (CUPTI) saw, NCCL's as ``comm``,
+    the rest as ``compute``; rank 0 gets every rank's.  On nccl a Work's future completes when
+    the all-reduce is enqueued and ``wait()`` only makes the current stream wait, so the host
+    clock BucketedDDP records would show launches, not transfers."""
+    from torch.profiler import ProfilerActivity, profile
+
+    timing.synchronize(ctx.device)
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        timing.synchronize(ctx.device)
+    kernels = [(e.name, e.time_range.start / 1e3, e.time_range.end / 1e3) for e in prof.events()
+               if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+    firsts = [None] * ctx.world_size  # one machine: the ranks' profiler clocks are the host's
+    dist.all_gather_object(firsts, min((k[1] for k in kernels), default=float("inf")))
+    origin = min(firsts)
+    timeline = Timeline(ctx.rank)
+    for name, start, end in kernels:
+        comm = "nccl" in name.lower()
+        timeline.add("NCCL kernel" if comm else "kernel", "comm" if comm else "compute",
+                     start - origin, end - origin, clock="cuda (torch.profiler)", kernel=name)
     return gather_events(timeline)
 
 
@@ -246,16 +274,20 @@ def overlap_study(ctx, args) -> dict:
     return result
 
 
-def phase_durations(events: list[Event] | None) -> dict[str, float] | None:
-    """Rank 0's time in each phase of the drawn step (ms); comm is launch to last completion."""
+def phase_durations(events: list[Event] | None) -> dict[str, dict[str, float]] | None:
+    """Each rank's time in each phase of the drawn step (ms), as {"rank0": {...}, ...}; comm is
+    from the first launch to the last completion.  (On a GPU the phases are kernel times.)"""
     if events is None:
         return None
-    mine = [e for e in events if e.rank == 0]
-    phases = {cat: sum(e.duration_ms for e in mine if e.cat == cat)
-              for cat in ("forward", "backward", "wait", "optimizer")}
-    comm = [e for e in mine if e.cat == "comm"]
-    phases["comm"] = max(e.end_ms for e in comm) - min(e.start_ms for e in comm)
-    return phases
+    result = {}
+    for rank in sorted({e.rank for e in events}):
+        mine = [e for e in events if e.rank == rank]
+        phases = {cat: sum(e.duration_ms for e in mine if e.cat == cat)
+                  for cat in sorted({e.cat for e in mine} - {"comm"})}
+        comm = [e for e in mine if e.cat == "comm"]
+        phases["comm"] = max(e.end_ms for e in comm) - min(e.start_ms for e in comm)
+        result[f"rank{rank}"] = phases
+    return result
 
 
 def native_ddp(model: nn.Module, ctx, cap_mb: float) -> DistributedDataParallel:
@@ -312,16 +344,40 @@ def bucket_sweep(ctx, args) -> dict:
     same = all(p["buckets"]["bucketed"] == p["buckets"]["native"] for p in points)
     return {"points": points, "extremes": extremes, "local_step_time_ms": ms["local"],
             "same_bucket_counts_as_native": same,
+            "default_cap": default_cap_layouts(ctx, model, batches),
             "gradient_mib": sum(p.numel() for p in model.parameters()) * 4 / MiB}
 
 
-def native_bucket_count(ddp: DistributedDataParallel) -> int | None:
-    """How many buckets native DDP uses after its first-iteration rebuild (private API)."""
+def native_bucket_sizes(ddp: DistributedDataParallel, key: str) -> list[int] | None:
+    """Native DDP's bucket sizes in bytes, from its logging data (a private API): ``key`` is
+    "bucket_sizes" (the first iteration's layout) or "rebuilt_bucket_sizes" (after the rebuild)."""
     try:
-        sizes = ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes")
-        return len(str(sizes).split(",")) if sizes else None
+        sizes = ddp._get_ddp_logging_data().get(key)
     except (AttributeError, RuntimeError):
         return None
+    return [int(v) for v in str(sizes).split(",")] if sizes else None
+
+
+def native_bucket_count(ddp: DistributedDataParallel) -> int | None:
+    """How many buckets native DDP uses after its first-iteration rebuild."""
+    sizes = native_bucket_sizes(ddp, "rebuilt_bucket_sizes")
+    return len(sizes) if sizes else None
+
+
+def default_cap_layouts(ctx, model: nn.Module, batches) -> dict:
+    """Bucket sizes (MiB) at native's default bucket_cap_mb=None and at an explicit 25: the sweep
+    passes explicit caps only, and None is not the same as 25 (a 1 MiB first bucket)."""
+    layouts = {}
+    for name, cap in (("native_default", None), ("native_cap_25", 25.0)):
+        gpu = [ctx.local_rank] if ctx.device.type == "cuda" else None
+        ddp = DistributedDataParallel(copy.deepcopy(model), device_ids=gpu, bucket_cap_mb=cap)
+        for x, y in batches[:3]:  # the rebuild happens at the start of the second iteration
+            F.cross_entropy(ddp(x), y).backward()
+        for when, key in (("first_iteration", "bucket_sizes"), ("rebuilt", "rebuilt_bucket_sizes")):
+            sizes = native_bucket_sizes(ddp, key) or []
+            layouts.setdefault(name, {})[when] = {"count": len(sizes),
+                                                  "mib": [b / MiB for b in sizes]}
+    return layouts
 
 
 def worker(ctx: ddplab.RankContext, args) -> dict | None:
@@ -383,25 +439,59 @@ def draw_ready_order(ready: dict, path) -> None:
     plotting.save(fig, path)
 
 
-def draw_overlap(overlap: dict, path) -> None:
+def draw_step(ax, events: list[Event]) -> None:
+    """One row of computation per rank, then one row per bucket (each all-reduce on its own row,
+    from this rank's launch to its completion); the wait at the end of backward is labelled."""
     from ddplab import plotting
-    from ddplab.timeline import draw_gantt
 
-    fig, axes = plotting.figure(2, 1, height=4.6, sharex=True, layout="constrained")
+    rows = []
+    for rank in sorted({e.rank for e in events}):
+        lanes = sorted({e.name for e in events if e.rank == rank and e.cat == "comm"},
+                       key=lambda n: (len(n), n))  # bucket 2 before bucket 10
+        rows += [(rank, "compute")] + [(rank, lane) for lane in lanes]
+    y_of = {row: len(rows) - 1 - i for i, row in enumerate(rows)}
+    for e in events:
+        y = y_of[(e.rank, e.name if e.cat == "comm" else "compute")]
+        ax.broken_barh([(e.start_ms, max(e.duration_ms, 1e-3))], (y - 0.4, 0.8), linewidth=0,
+                       color=plotting.COLORS.get(e.cat, plotting.OKABE_ITO["grey"]))
+        if e.cat == "wait":  # labelled after the rank's last span, where there is room
+            end = max(other.end_ms for other in events if other.rank == e.rank)
+            ax.text(end + 1, y, f"wait {e.duration_ms:.1f} ms", va="center", fontsize=8)
+    ax.set_yticks(list(y_of.values()),
+                  [f"rank {r}" if lane == "compute" else f"  {lane}" for r, lane in y_of],
+                  fontsize=8)
+    ax.grid(axis="y", visible=False)
+
+
+def draw_overlap(overlap: dict, path) -> None:
+    from matplotlib.patches import Patch
+
+    from ddplab import plotting
+
+    keys = [k for k in ("overlap", "no_overlap") if overlap["timelines"].get(k)]
+    rows = sum(len({(e["rank"], e["name"]) for e in overlap["timelines"][k]}) for k in keys)
+    fig, axes = plotting.figure(len(keys), 1, height=1.2 + 0.16 * rows, sharex=True,
+                                layout="constrained", squeeze=False)
     titles = {"overlap": "overlap: each bucket is all-reduced as soon as it is full",
               "no_overlap": "overlap=False: all buckets wait for the end of backward"}
-    for ax, key in zip(axes, ("overlap", "no_overlap"), strict=True):
+    for ax, key in zip(axes[:, 0], keys, strict=True):
         events = [Event(**e) for e in overlap["timelines"][key]]
-        ms = overlap["step_time_ms"][key]
-        draw_gantt(ax, events, lanes=["comm"], title=f"{titles[key]} (median step {ms:.1f} ms)")
-        ax.title.set_fontsize(10)
-        if ax is axes[0]:
-            ax.get_legend().remove()
-            ax.set_xlabel("")
+        draw_step(ax, events)
+        ax.set_title(f"{titles[key]} (median step {overlap['step_time_ms'][key]:.1f} ms)",
+                     fontsize=10, loc="left")
+    cats = sorted({e["cat"] for k in keys for e in overlap["timelines"][k]})
+    axes[-1, 0].set_xlabel("ms since the step started (each rank's clock, started after a "
+                           "barrier)")
+    fig.legend(handles=[Patch(color=plotting.COLORS.get(c, plotting.OKABE_ITO["grey"]), label=c)
+                        for c in cats], loc="outside upper center", ncol=len(cats))
+    fig.text(0.5, -0.06, "A bucket's bar runs from this rank's launch to its completion. An "
+             "all-reduce completes only once every rank has launched it,\nso the rank that "
+             "finishes backward first waits for the other: its bars and its wait are longer.",
+             ha="center", va="top", fontsize=8)
     plotting.save(fig, path)
 
 
-def draw_sweep(sweep: dict, path) -> None:
+def draw_sweep(sweep: dict, path, backend: str) -> None:
     from ddplab import plotting
 
     fig, ax = plotting.figure(height=3.3)
@@ -427,7 +517,11 @@ def draw_sweep(sweep: dict, path) -> None:
     ax.set_ylim(0, top * 1.2)
     ax.set_title("Bucket size against step time (small numbers: BucketedDDP's bucket count)",
                  loc="left", fontsize=10)
-    ax.legend(loc="lower right")
+    if backend == "gloo":  # say it on the figure, not only on the page
+        ax.text(0.01, 0.04, "CPU ranks over gloo: communication runs on the same cores as "
+                "backward,\nso overlap buys little and no bucket size can win much here",
+                transform=ax.transAxes, fontsize=8, color="#444444")
+    ax.legend(loc="center left")
     plotting.save(fig, path)
 
 
@@ -471,7 +565,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         draw_hooks(result["hook_order"], out / "hooks.png")
         draw_ready_order(result["gradient_ready"], out / "ready_order.png")
         draw_overlap(result["overlap"], out / "overlap.png")
-        draw_sweep(result["bucket_sweep"], out / "bucket_sweep.png")
+        draw_sweep(result["bucket_sweep"], out / "bucket_sweep.png", run.provenance["backend"])
         write_chrome_trace(out / "overlap_trace.json",
                            [Event(**e) for e in result["overlap"]["timelines"]["overlap"]])
         ddplab.write_results(out, CHAPTER, result, run.provenance)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from conftest import PROVENANCE_KEYS, assert_png, run_quick, run_script
 
@@ -49,6 +51,12 @@ def test_traffic_table_and_gloo_support(quick):
     table = results["collectives"]
     assert table["all_reduce"]["sent_bytes"] == pytest.approx(2 * (n - 1) / n * s)
     assert table["reduce_scatter"]["sent_bytes"] == pytest.approx((n - 1) / n * s)
+    # what gloo runs: broadcast a binomial tree (the root sends S to ⌈log₂N⌉ peers); reduce a
+    # ring reduce-scatter, then a gather to the root
+    assert table["broadcast"]["sent_bytes"] == pytest.approx(math.ceil(math.log2(n)) * s)
+    assert table["reduce"]["received_bytes"] == pytest.approx(2 * (n - 1) / n * s)
+    assert results["fallbacks"] == [] if results["support"]["reduce_scatter"] == "ok" else [
+        "reduce_scatter"]
     assert all(row["time_ms"] > 0 for row in table.values())
     assert results["api"]["reduce_scatter_flat"].startswith("reduce_scatter_")
     assert "reduce_scatter_flat" in table
@@ -63,3 +71,14 @@ def test_one_rank_is_refused_with_one_line(out_dir):
     run = run_script(SCRIPT, "--world-size", "1", "--out", str(out_dir))
     assert run.returncode == 2
     assert run.stderr.strip().splitlines()[-1].startswith("error: chapter 02 needs at least 2")
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_old_gloo_fallback_for_reduce_scatter_gives_the_same_pieces(world_size, tmp_path):
+    import collective_workers
+
+    import ddplab
+
+    args = ddplab.parse_chapter_args(ddplab.chapter_parser("test"),
+                                     ["--world-size", str(world_size), "--out", str(tmp_path)])
+    assert ddplab.launch(collective_workers.fallback_matches_reduce_scatter, args).result

@@ -63,3 +63,18 @@ def test_overlap_timelines_and_bucket_sweep(spawned):
     assert [p["buckets"]["bucketed"] for p in points][-1] == 1  # a huge cap: one bucket
     assert all(p["step_time_ms"]["native"] > 0 for p in points)
     assert results["bucket_sweep"]["same_bucket_counts_as_native"] is True  # the same rule
+
+
+@pytest.mark.slow
+def test_both_ranks_wait_and_native_default_cap_is_not_25(spawned):
+    results = spawned[2]
+    for key in ("overlap", "no_overlap"):
+        phases = results["overlap"]["phases_ms"][key]
+        assert set(phases) == {"rank0", "rank1"}
+        assert all(p["wait"] >= 0 and p["backward"] > 0 for p in phases.values())
+    default = results["bucket_sweep"]["default_cap"]
+    # bucket_cap_mb=None: one bucket in the first iteration, then rebuilt with a 1 MiB first one
+    assert default["native_default"]["first_iteration"]["count"] == 1
+    assert default["native_default"]["rebuilt"]["count"] == 2
+    assert default["native_default"]["rebuilt"]["mib"][0] <= 1.1
+    assert default["native_cap_25"]["rebuilt"]["count"] == 1  # the 8 MiB model fits one bucket

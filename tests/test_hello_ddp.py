@@ -1,0 +1,66 @@
+"""Hello, DDP (scripts/hello_ddp.py), the script readers copy: it trains under both launchers.
+
+Each run starts in a session of its own, so that after it returns the test can ask whether any
+process of that session (a rank, a torchrun agent) is still alive.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO
+from torch import nn
+
+SCRIPT = "scripts/hello_ddp.py"
+LAUNCHERS = {
+    "python": [sys.executable, SCRIPT],
+    "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 "--nproc-per-node", "2", SCRIPT],
+}
+
+
+def session_alive(pgid: int) -> bool:
+    """Is a process of group ``pgid`` still running?  (A zombie, dead but not yet reaped by
+    init, does not count: multiprocessing's resource tracker exits as one a moment later.)"""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it exited while we looked
+            continue
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == pgid and state != "Z":
+            return True
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_hello_ddp_trains_saves_and_leaves_nothing_running(launcher, tmp_path):
+    checkpoint = tmp_path / "hello.pt"
+    proc = subprocess.Popen([*LAUNCHERS[launcher], str(checkpoint)], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if session_alive(proc.pid):
+            os.killpg(proc.pid, 9)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert not session_alive(proc.pid), "a rank or launcher process outlived the run"
+
+    losses = [float(v) for v in re.findall(r"epoch \d+: mean loss ([0-9.]+)", stdout)]
+    assert len(losses) == 5, stdout  # rank 0 alone prints, once per epoch
+    assert losses[-1] < losses[0] / 10, f"the loss did not drop: {losses}"
+
+    assert checkpoint.is_file() and f"saved {checkpoint}" in stdout
+    state = torch.load(checkpoint, weights_only=True)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
+    model.load_state_dict(state)  # saved from model.module: no "module." prefix in the keys
+    assert all(torch.isfinite(t).all() for t in state.values())
