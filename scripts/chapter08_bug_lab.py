@@ -273,6 +273,7 @@ def main(argv: list[str] | None = None) -> dict | None:
             print(f"{name:<22}{'gpu':<8}{gpu['summary']} (not reproduced on this machine)")
         return None
     start = time.perf_counter()
+    provenance = _provenance(args)  # before the run: the commit the code ran at
     records = run_lab(args)
     if records is None:
         return None
@@ -291,7 +292,6 @@ def main(argv: list[str] | None = None) -> dict | None:
                "fixed_clean": sum(r["fixed_clean"] for r in scenarios.values()),
                "diagnoses_run": full, "gpu_only": GPU_ONLY,
                "hang_timeout_s": HANG_TIMEOUT_S}
-    provenance = _provenance(args)
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         for sc in SCENARIOS:
             (out / f"fix_{sc.name}.diff").write_text(fix_diff(sc))
