@@ -288,6 +288,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     scenarios = {sc.name: scenario_result(sc, records[sc.name], diagnoses.get(sc.name))
                  for sc in SCENARIOS}
     results = {"seconds": time.perf_counter() - start, "scenarios": scenarios,
+               "scenario_count": len(scenarios),
                "reproduced": sum(r["reproduced"] for r in scenarios.values()),
                "fixed_clean": sum(r["fixed_clean"] for r in scenarios.values()),
                "diagnoses_run": full, "gpu_only": GPU_ONLY,

@@ -140,9 +140,8 @@ def _spy_on(pids: list[int], stacks: dict) -> None:
                                  text=True, timeout=15).stdout
         except (OSError, subprocess.SubprocessError) as err:
             out = f"py-spy failed: {err}"
-        stacks[rank] = [line.strip() for line in out.splitlines()
-                        if "(" in line and ":" in line and not line.startswith(("Process",
-                                                                                "Python"))][:6]
+        frames = [line.strip() for line in out.splitlines() if line.startswith(" ")]
+        stacks[rank] = frames[:5]  # innermost first: where this rank waits
 
 
 def analyse_flight_record(folder: Path) -> dict:
