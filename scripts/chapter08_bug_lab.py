@@ -215,7 +215,9 @@ def summarize(results: dict) -> str:
         seen = r["first_line"] or "(no symptom!)"
         lines.append(f"{name:<22}{r['kind']:<8}{r['seconds_to_symptom']:>8.2f}s  {fixed:<5}  "
                      f"{seen[:60]}")
-    lines.append(f"{results['reproduced']} of {len(results['scenarios'])} bugs reproduced, "
+    skipped = sum(bool(r["broken"].get("skipped")) for r in results["scenarios"].values())
+    lines.append(f"{results['reproduced']} of {len(results['scenarios'])} bugs reproduced"
+                 f"{f' ({skipped} skipped under torchrun)' if skipped else ''}, "
                  f"{results['fixed_clean']} fixes ran clean; "
                  f"{len(GPU_ONLY)} GPU-only bugs described, not reproduced on this machine")
     return "\n".join(lines)
