@@ -119,6 +119,10 @@ def run_diagnoses(args) -> dict:
             found.update(ddplab.launch(diagnose.info_worker, job).result)
         with diagnose.environment(TORCH_DISTRIBUTED_DEBUG="DETAIL"):
             found.update(ddplab.launch(diagnose.detail_worker, job).result)
+            try:
+                found["detail_with_ddp"] = ddplab.launch(diagnose.detail_ddp_worker, job).result
+            except ddplab.RankFailed as err:  # what we saw on torch 2.13 + gloo: a crash
+                found["detail_with_ddp"] = str(err)
         hang_job = copy.copy(job)
         hang_job.timeout = DIAGNOSIS_TIMEOUT_S
         with diagnose.environment(TORCH_FR_BUFFER_SIZE="64"):
@@ -294,6 +298,7 @@ def main(argv: list[str] | None = None) -> dict | None:
                "reproduced": sum(r["reproduced"] for r in scenarios.values()),
                "fixed_clean": sum(r["fixed_clean"] for r in scenarios.values()),
                "diagnoses_run": full, "gpu_only": GPU_ONLY,
+               "detail_with_ddp": diagnoses.get("detail_with_ddp", "not run (--quick)"),
                "hang_timeout_s": HANG_TIMEOUT_S}
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         for sc in SCENARIOS:

@@ -98,6 +98,12 @@ def detail_worker(ctx, args) -> dict | None:
     return {"mismatched_shapes": everyone} if ctx.is_main else None
 
 
+def detail_ddp_worker(ctx, args) -> str | None:
+    """Does DDP itself work under DETAIL here?  (In our runs on torch 2.13 + gloo it did not.)"""
+    torch.nn.parallel.DistributedDataParallel(ddp_errors.mlp())
+    return "DDP constructed and ran under DETAIL" if ctx.is_main else None
+
+
 def hang_worker(ctx, args) -> dict | None:
     """The rank-0-only collective on the default group, under the flight recorder and py-spy.
 
