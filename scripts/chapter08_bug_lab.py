@@ -237,6 +237,8 @@ def show_one(sc: Scenario, record: dict, fixed: bool) -> bool:
             print(f"[rank {rank}] {line}")
     if record["lines"]:
         print(f"[rank {record['rank_shown']}] " + "\n  ".join(record["lines"]))
+    if record.get("root_cause"):
+        print(f"the launcher's verdict: {record['root_cause']}")
     if record.get("giveaway_text"):
         print(f"giveaway: {record['giveaway_text']}")
     for warning in record["warnings"]:
