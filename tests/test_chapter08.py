@@ -159,6 +159,22 @@ def test_no_process_is_left_behind(quick):
 
 
 @pytest.mark.slow
+def test_the_lab_under_torchrun(tmp_path):
+    """Same code under torchrun; the crash, which needs its own launch, is skipped there."""
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", SCRIPT, "--quick", "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = load_results(tmp_path, 8)
+    assert results["provenance"]["launcher"] == "torchrun"
+    for name, r in results["scenarios"].items():
+        skipped = r["broken"].get("skipped")
+        assert (name == "rank_crash") == bool(skipped), name
+        assert r["fixed_clean"] and (r["reproduced"] or skipped), name
+    assert "(1 skipped under torchrun)" in proc.stdout
+
+
+@pytest.mark.slow
 def test_one_bug_on_its_own(tmp_path):
     proc, out, err, left = run_in_own_group("--bug", "unused_parameter", "--out", str(tmp_path))
     assert proc.returncode == 0, err
