@@ -10,6 +10,7 @@
     naive_ddp.py     NaiveDDP: after backward, one all-reduce per parameter (the tutorials' way)
     bucketed_ddp.py  BucketedDDP: buckets all-reduced during backward (native DDP's design)
     ring.py          ring_all_reduce from send/recv (and a naive all-reduce through rank 0)
+    bugs/            chapter 08's bug lab: real DDP failures as broken/fixed function pairs
 """
 
 from .bucketed_ddp import BucketedDDP
