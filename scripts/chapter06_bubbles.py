@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -99,21 +100,18 @@ def wrapped(kind: str, ctx: ddplab.RankContext, tl: timeline.Timeline):
 
 
 # --8<-- [start:step]
-def train_step(model, opt, x, y, tl: timeline.Timeline, device, late_ms: float = 0.0):
+def train_step(model, opt, x, y, tl: timeline.Timeline, late_ms: float = 0.0):
     """One step, each phase a span on the timeline.  ``late_ms``: this rank is late."""
     if late_ms:
         with tl.span(f"late by {late_ms:g} ms", "data"):
             stragglers.inject_delay(late_ms)
     with tl.span("forward", "forward"):
         loss = F.cross_entropy(model(x), y)
-        synchronize(device)  # GPU: wait for the kernels, or the span only measures launching
     with tl.span("backward", "backward"):
         loss.backward()      # DDP all-reduces the gradient buckets during this call
-        synchronize(device)
     with tl.span("optimizer step", "optimizer"):
         opt.step()
         opt.zero_grad()
-        synchronize(device)
     return loss
 # --8<-- [end:step]
 
@@ -133,13 +131,13 @@ def record_timeline(ctx, model: nn.Module, tl: timeline.Timeline, x, y, *, steps
     """
     opt = sgd(model)
     for _ in range(3):  # warm-up: first steps allocate, and native DDP rebuilds its buckets
-        train_step(model, opt, x, y, tl, ctx.device, late_ms)
+        train_step(model, opt, x, y, tl, late_ms)
     recorded = []
     for _ in range(windows):
         dist.barrier()
         tl.start_clock()
         for _ in range(steps):
-            train_step(model, opt, x, y, tl, ctx.device, late_ms)
+            train_step(model, opt, x, y, tl, late_ms)
         recorded.append(timeline.gather_events(tl))
     if not ctx.is_main:
         return None
@@ -147,7 +145,7 @@ def record_timeline(ctx, model: nn.Module, tl: timeline.Timeline, x, y, *, steps
 
 
 def mlp_timeline(ctx, kind: str, steps: int, late_ms: float = 0.0):
-    tl = timeline.Timeline(ctx.rank)
+    tl = timeline.Timeline(ctx.rank, device=ctx.device)
     x, y = rank_batch(ctx, (64, 256))
     return record_timeline(ctx, wrapped(kind, ctx, tl), tl, x, y, steps=steps, late_ms=late_ms)
 
@@ -166,10 +164,10 @@ def profiler_trace(ctx, steps: int = 2) -> str | None:
     opt = sgd(model)
     x, y = rank_batch(ctx, (64, 256))
     for _ in range(3):
-        train_step(model, opt, x, y, tl, ctx.device)
+        train_step(model, opt, x, y, tl)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            train_step(model, opt, x, y, tl, ctx.device)
+            train_step(model, opt, x, y, tl)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
@@ -181,7 +179,7 @@ def profiler_trace(ctx, steps: int = 2) -> str | None:
 # --8<-- [start:sweep]
 def straggler_sweep(ctx, kind: str, delays: list[float], slow_rank: int, steps: int) -> dict:
     """For each delay: median step time and idle time of every rank (all ranks get the lists)."""
-    tl = timeline.Timeline(ctx.rank)
+    tl = timeline.Timeline(ctx.rank, device=ctx.device)
     model = wrapped(kind, ctx, tl)
     opt = sgd(model)
     x, y = rank_batch(ctx, (64, 256))
@@ -189,13 +187,13 @@ def straggler_sweep(ctx, kind: str, delays: list[float], slow_rank: int, steps: 
     for delay in ddplab.progress(delays, ctx, f"straggler sweep ({kind})"):
         late = delay if ctx.rank == slow_rank else 0.0
         for _ in range(2):
-            train_step(model, opt, x, y, tl, ctx.device, late)
+            train_step(model, opt, x, y, tl, late)
         step_ms, idle_ms, wait_ms = [], [], []
         for _ in range(steps):
             dist.barrier()       # every step starts together: the delay is the only skew
             tl.start_clock()
-            train_step(model, opt, x, y, tl, ctx.device, late)
-            step_ms.append(tl.now())
+            train_step(model, opt, x, y, tl, late)
+            step_ms.append(tl.elapsed_ms())
             idle_ms.append(stragglers.comm_idle_ms(tl.events, ctx.rank))
             wait_ms.append(sum(e.duration_ms for e in tl.events if e.cat == "wait"))
         mine["step_ms"].append(median(step_ms))
@@ -236,7 +234,7 @@ def hook_cost(ctx, rounds: int) -> dict:
     for name in ("built_in", "python_allreduce_hook", "timing_hook"):
         torch.manual_seed(ctx.seed)   # the same initial weights for all three
         if name == "timing_hook":
-            models[name] = wrapped("native", ctx, timeline.Timeline(ctx.rank))
+            models[name] = wrapped("native", ctx, timeline.Timeline(ctx.rank, device=ctx.device))
             continue
         models[name] = native_ddp(mlp(), ctx)
         if name == "python_allreduce_hook":
@@ -246,7 +244,7 @@ def hook_cost(ctx, rounds: int) -> dict:
     quiet = timeline.Timeline(ctx.rank, enabled=False)
 
     def step(name):
-        return lambda: train_step(models[name], opts[name], x, y, quiet, ctx.device)
+        return lambda: train_step(models[name], opts[name], x, y, quiet)
     samples = compare({name: step(name) for name in models}, rounds=rounds, warmup=3,
                       device=ctx.device)
     diff = max((a - b).abs().max().item() for other in ("python_allreduce_hook", "timing_hook")
@@ -266,23 +264,34 @@ def reduce_loss_every_step(loss: torch.Tensor) -> float:
 
 
 def metric_reduction(ctx, rounds: int) -> dict:
-    """Step time with and without the per-step loss all-reduce, and the time inside it."""
+    """Step time with and without the per-step loss all-reduce, and the time inside it.
+
+    On a GPU each sample is a window of steps with no synchronisation inside it: without the
+    logging the CPU queues the next steps' kernels while the GPU works, and ``.item()`` is what
+    stops that.  (On CPU there is no queue to run ahead in: one step per sample.)
+    """
     torch.manual_seed(ctx.seed)
     model = native_ddp(mlp(), ctx)
     opt = sgd(model)
     x, y = rank_batch(ctx, (64, 256))
-    quiet, tl = timeline.Timeline(ctx.rank, enabled=False), timeline.Timeline(ctx.rank)
+    quiet = timeline.Timeline(ctx.rank, enabled=False)
+    tl = timeline.Timeline(ctx.rank, device=ctx.device)
+    window = 10 if ctx.device.type == "cuda" else 1
 
     def plain():
-        return train_step(model, opt, x, y, quiet, ctx.device)
+        return train_step(model, opt, x, y, quiet)
 
     def logged():
         loss = plain()
         with tl.span("loss all-reduce", "comm"):
             reduce_loss_every_step(loss)
-    samples = compare({"without": plain, "with": logged}, rounds=rounds, warmup=3,
-                      device=ctx.device)
-    return {"step_time_ms": {k: median(v) for k, v in samples.items()},
+
+    def windowed(step):
+        return lambda: [step() for _ in range(window)]
+    samples = compare({"without": windowed(plain), "with": windowed(logged)}, rounds=rounds,
+                      warmup=3, device=ctx.device)
+    return {"step_time_ms": {k: median(v) / window for k, v in samples.items()},
+            "steps_per_sample": window,
             "reduce_ms": median([e.duration_ms for e in tl.events]),
             "collectives_per_step": {"without": stragglers.count_collectives(plain),
                                      "with": stragglers.count_collectives(logged)}}
@@ -342,14 +351,14 @@ def batchnorm_vs_syncbn(ctx, rounds: int) -> dict:
     """Step times, collectives per step, time inside SyncBatchNorm's collectives, and the
     gradient check against one process that sees the whole batch."""
     x, y = rank_batch(ctx, (16, 3, 32, 32), salt=1)
-    tl = timeline.Timeline(ctx.rank)
+    tl = timeline.Timeline(ctx.rank, device=ctx.device)
     models = bn_models(ctx, tl)
     quiet = timeline.Timeline(ctx.rank, enabled=False)
     opts = {name: sgd(m) for name, m in models.items()}
     diffs = {name: diff_to_full_batch(ctx, m, x, y) for name, m in models.items()}
 
     def step(name):
-        return lambda: train_step(models[name], opts[name], x, y, quiet, ctx.device)
+        return lambda: train_step(models[name], opts[name], x, y, quiet)
     samples = compare({name: step(name) for name in models}, rounds=rounds, warmup=3,
                       device=ctx.device)
     in_syncbn = []
@@ -358,18 +367,36 @@ def batchnorm_vs_syncbn(ctx, rounds: int) -> dict:
         tl.start_clock()
         step("syncbn")()
         in_syncbn.append(sum(e.duration_ms for e in tl.events))
+    counts = {k: stragglers.count_collectives(step(k)) for k in models}
+    counts["syncbn_forward_sync_off"] = collectives_without_buffer_sync(ctx, x, y)
     return {"step_time_ms": {k: median(v) for k, v in samples.items()},
             "syncbn_collectives_ms": median(in_syncbn) if tl.events else None,
-            "collectives_per_step": {k: stragglers.count_collectives(step(k)) for k in models},
+            "collectives_per_step": counts,
+            "buffer_sync_off_argument": stragglers.no_forward_buffer_sync(),
             "max_abs_grad_diff_vs_full_batch": diffs,
             "implementation": ("torch.nn.SyncBatchNorm" if ctx.device.type == "cuda"
                                else "ddplab.syncbn.SyncBatchNorm"),
             "native_on_cpu_error": native_syncbn_on_cpu()}
 
 
+def collectives_without_buffer_sync(ctx, x, y) -> dict:
+    """The SyncBatchNorm model with DDP's per-forward buffer broadcast turned off."""
+    torch.manual_seed(ctx.seed)
+    net = sync_batchnorm(cnn(), ctx.device, None)
+    off = stragglers.no_forward_buffer_sync()
+    model = native_ddp(net, ctx, **off)
+    if "broadcast_buffers" in off:   # torch < 2.13: that also skipped the sync at construction
+        stragglers.broadcast_buffers_once(model.module)
+    opt = sgd(model)
+    quiet = timeline.Timeline(ctx.rank, enabled=False)
+    for _ in range(2):   # past the first step, whose end also broadcasts the rebuilt buckets
+        train_step(model, opt, x, y, quiet)
+    return stragglers.count_collectives(lambda: train_step(model, opt, x, y, quiet))
+
+
 def syncbn_timeline(ctx, late_ms: float, steps: int = 2):
     """SyncBatchNorm under native DDP with one late rank: where does the on-time rank wait?"""
-    tl = timeline.Timeline(ctx.rank)
+    tl = timeline.Timeline(ctx.rank, device=ctx.device)
     model = bn_models(ctx, tl)["syncbn"]
     model.register_comm_hook(None, stragglers.timed_allreduce_hook(tl))
     stragglers.time_ddp_pre_forward(model, tl)
@@ -388,17 +415,17 @@ def evaluate_and_save(model: nn.Module, batches, device) -> None:
 
 
 def rank0_work(ctx, steps: int = 4, after_step: int = 1):
-    tl = timeline.Timeline(ctx.rank)
+    tl = timeline.Timeline(ctx.rank, device=ctx.device)
     model = wrapped("native", ctx, tl)
     opt = sgd(model)
     x, y = rank_batch(ctx, (64, 256))
     val = [rank_batch(ctx, (64, 256), salt=2 + i) for i in range(40)]
     for _ in range(3):
-        train_step(model, opt, x, y, tl, ctx.device)
+        train_step(model, opt, x, y, tl)
     dist.barrier()
     tl.start_clock()
     for step in range(steps):
-        train_step(model, opt, x, y, tl, ctx.device)
+        train_step(model, opt, x, y, tl)
         if step == after_step and ctx.rank == 0:   # the other ranks go straight on
             with tl.span("evaluate + save (rank 0 only)", "eval"):
                 evaluate_and_save(model.module, val, ctx.device)
@@ -437,7 +464,7 @@ def train_with_join(ctx, model: DDP, tl: timeline.Timeline) -> int:
     batches = my_batches(ctx)
     with Join([model]):
         for x, y in batches:
-            train_step(model, opt, x, y, tl, ctx.device)
+            train_step(model, opt, x, y, tl)
         out_of_data = tl.now()
     tl.add("joined: shadowing the others' all-reduces", "join", out_of_data, tl.now())
     return len(batches)
@@ -454,7 +481,7 @@ def train_with_join_that_throws(ctx) -> str:
     try:
         with model.join(throw_on_early_termination=True):
             for x, y in my_batches(ctx):
-                train_step(model, opt, x, y, quiet, ctx.device)
+                train_step(model, opt, x, y, quiet)
                 done += 1
     except RuntimeError as err:
         return f"raised after {done} steps: {err}"
@@ -472,7 +499,7 @@ def join_collectives_per_step(ctx) -> dict:
         quiet = timeline.Timeline(ctx.rank, enabled=False)
 
         def step(model=model, opt=opt, x=x, y=y, quiet=quiet):
-            return train_step(model, opt, x, y, quiet, ctx.device)
+            return train_step(model, opt, x, y, quiet)
         for _ in range(3):
             step()
         if name == "with_join":
@@ -510,7 +537,7 @@ def sampler_counts(world_size: int) -> dict:
 
 
 def uneven_inputs(ctx) -> dict:
-    tl = timeline.Timeline(ctx.rank)
+    tl = timeline.Timeline(ctx.rank, device=ctx.device)
     model = small_model(ctx)
     dist.barrier()
     tl.start_clock()
@@ -543,7 +570,7 @@ def rank0_only_collective(ctx, args) -> None:
     quiet = timeline.Timeline(ctx.rank, enabled=False)
     for epoch in range(3):
         for x, y in batches[:4]:
-            train_step(model, opt, x, y, quiet, ctx.device)
+            train_step(model, opt, x, y, quiet)
         if ctx.rank == 0:
             val = evaluate_averaged(model.module, batches[:2])  # waits for the others...
             print(f"epoch {epoch}: validation loss {val:.3f}")
@@ -559,33 +586,60 @@ def uneven_without_join(ctx, args) -> None:
     opt = sgd(model)
     quiet = timeline.Timeline(ctx.rank, enabled=False)
     for x, y in my_batches(ctx):
-        train_step(model, opt, x, y, quiet, ctx.device)
+        train_step(model, opt, x, y, quiet)
     dist.barrier()  # everyone done before rank 0 saves the model
     if ctx.rank == 0:
         torch.save(model.module.state_dict(), io.BytesIO())
 # --8<-- [end:no_join]
 
 
-def run_hang_demo(worker, args) -> dict:
-    """Run ``worker`` as its own job with a short timeout, expecting it to fail."""
+def with_flight_recorder(ctx, args) -> None:
+    """Run a hang demo on this rank; when its collective fails, save the flight recorder."""
+    try:
+        HANG_DEMOS[args.demo](ctx, args)
+    except RuntimeError:
+        stragglers.dump_flight_recorder(Path(args.flight_recorder_dir) / f"rank_{ctx.rank}")
+        raise
+
+
+def run_hang_demo(name: str, args) -> dict:
+    """Run a hang demo as its own job with a short timeout, expecting it to fail."""
     if started_by_torchrun():
         return {"what_happened": "skipped under torchrun: run the script with python to see it",
                 "why": "under torchrun the processes are the ranks, and a job that hangs on "
                        "purpose would end the run", "timed_out": None}
     demo = copy.copy(args)
-    demo.timeout = HANG_TIMEOUT_S
+    demo.timeout, demo.demo = HANG_TIMEOUT_S, name
     start = time.perf_counter()
-    try:
-        ddplab.launch(worker, demo)
-    except ddplab.RankFailed as err:
-        timed_out = "timed out" in str(err).lower()
-        return {"what_happened": (f"timeout after {HANG_TIMEOUT_S:g} s" if timed_out
-                                  else "failed without a timeout"),
-                "error": str(err), "stuck_in": where_it_waited(err.details),
-                "timed_out": timed_out, "timeout_s": HANG_TIMEOUT_S,
-                "seconds_including_startup": time.perf_counter() - start}
+    with tempfile.TemporaryDirectory() as tmp, flight_recorder_on():
+        demo.flight_recorder_dir = tmp
+        try:
+            ddplab.launch(with_flight_recorder, demo)
+        except ddplab.RankFailed as err:
+            timed_out = "timed out" in str(err).lower()
+            return {"what_happened": (f"timeout after {HANG_TIMEOUT_S:g} s" if timed_out
+                                      else "failed without a timeout"),
+                    "error": str(err), "stuck_in": where_it_waited(err.details),
+                    "timed_out": timed_out, "timeout_s": HANG_TIMEOUT_S,
+                    "flight_recorder": {path.name: stragglers.last_collectives(path)
+                                        for path in sorted(Path(tmp).glob("rank_*"))},
+                    "seconds_including_startup": time.perf_counter() - start}
     return {"what_happened": "finished: it did not hang", "timed_out": False,
             "seconds_including_startup": time.perf_counter() - start}
+
+
+@contextmanager
+def flight_recorder_on(entries: int = 64):
+    """TORCH_FR_BUFFER_SIZE for the ranks about to be started (read at init_process_group)."""
+    before = os.environ.get("TORCH_FR_BUFFER_SIZE")
+    os.environ["TORCH_FR_BUFFER_SIZE"] = str(entries)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TORCH_FR_BUFFER_SIZE")
+        else:
+            os.environ["TORCH_FR_BUFFER_SIZE"] = before
 
 
 def where_it_waited(details: str) -> str:
@@ -598,6 +652,10 @@ def where_it_waited(details: str) -> str:
     function = lines[i].rsplit(" in ", 1)[-1]
     code = lines[i + 1].split("  #", 1)[0].strip()  # without the comment
     return f"{function}(): {code}"
+
+
+HANG_DEMOS = {"rank0_only_collective": rank0_only_collective,
+              "uneven_without_join": uneven_without_join}
 
 
 # --- the worker --------------------------------------------------------------------------------
@@ -777,8 +835,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
         return None
     result = run.result
-    hangs = {"rank0_only_collective": run_hang_demo(rank0_only_collective, args),
-             "uneven_without_join": run_hang_demo(uneven_without_join, args)}
+    hangs = {name: run_hang_demo(name, args) for name in HANG_DEMOS}
     slow = result["slow_rank"]
     sweeps = {kind: summarize_sweep(s, args.delays, slow) for kind, s in result["sweeps"].items()}
     uneven = result["uneven"]

@@ -5,22 +5,27 @@ step when the *slowest* one does.  The others sit idle in the all-reduce: a *bub
 module makes that measurable:
 
 * ``inject_delay``: make one rank late on purpose (a slow data loader, a busier GPU);
-* ``timed_allreduce_hook``: a native-DDP communication hook that averages gradients exactly like
-  DDP's built-in one and records each bucket's all-reduce on a ``Timeline``;
+* ``timed_allreduce_hook``: a native-DDP communication hook that averages each bucket with one
+  all-reduce, as DDP's built-in path does, and records it on a ``Timeline``;
 * ``comm_idle_ms``: from one step's events, the time a rank spent waiting for communication
   after its own gradients were ready;
 * ``fit_line``: the slope of idle time (or step time) against the injected delay;
-* ``count_collectives``: which collectives one step really issues (torch.profiler's view).
+* ``count_collectives``: which collectives one step really issues (torch.profiler's view);
+* ``no_forward_buffer_sync``: DDP's arguments that skip the per-step buffer broadcast;
+* ``dump_flight_recorder`` / ``last_collectives``: each rank's recent collectives, after a hang.
 """
 
 # No ``from __future__ import annotations`` here: DDP checks a comm hook's annotations, and
 # would reject them as strings.
+import inspect
 import os
+import pickle
 import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -49,7 +54,15 @@ def timed_allreduce_hook(timeline: Timeline) -> Callable:
     when a bucket's gradients are all ready; the hook must start the communication and return a
     Future holding the averaged bucket.  The span starts when the bucket is handed to the
     backend and ends when the all-reduce has completed (the ``then`` callback runs on the
-    backend's thread at that moment; on a GPU it would only mean "enqueued": see the page).
+    backend's thread at that moment).  On a GPU the timeline stamps are CUDA events: the first
+    on the stream that computed the gradients, the second in ``then``, whose stream waits for the
+    all-reduce (torch/futures ``Future.then``) — so both are GPU times, not launch times.
+
+    Not bit for bit DDP's built-in averaging: without a hook DDP multiplies each gradient by
+    ``1/N`` (rounded) while copying it into the bucket (reducer.cpp, mark_variable_ready_dense);
+    with a hook it copies unscaled, and ``div_(N)`` below divides.  Same bits when N is a power
+    of two (1/N is exact); otherwise they may differ in the last bit.  torch's own
+    ``default_hooks.allreduce_hook`` divides the same way.
     """
     def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         start = timeline.now()
@@ -69,9 +82,9 @@ def timed_allreduce_hook(timeline: Timeline) -> Callable:
 def time_ddp_pre_forward(ddp: torch.nn.Module, timeline: Timeline) -> None:
     """Record what native DDP does before it runs the module's forward, as a ``comm`` span.
 
-    With ``broadcast_buffers=True`` (the default) and a model with buffers (BatchNorm's running
-    statistics), that is a broadcast from rank 0 in *every* forward: a sync point at the very
-    start of the step.  Two hooks bracket it: one on the DDP wrapper, one on the inner module.
+    By default, for a model with buffers (BatchNorm's running statistics), that is a broadcast
+    from rank 0 in every training forward: a sync point at the very start of the step.  Two
+    hooks bracket it: one on the DDP wrapper, one on the inner module.
     """
     started: list[float] = []
     ddp.register_forward_pre_hook(lambda module, args: started.append(timeline.now()))
@@ -142,6 +155,48 @@ def count_collectives(step: Callable[[], object]) -> Counter:
     return Counter(e.name.split(":", 1)[1] for e in prof.events()
                    if e.name.startswith(f"{backend}:"))
 # --8<-- [end:count]
+
+
+# --8<-- [start:buffer_sync]
+def no_forward_buffer_sync(ddp_class: type = torch.nn.parallel.DistributedDataParallel) -> dict:
+    """DDP arguments that skip the buffer broadcast before every forward, and only it.
+
+    torch >= 2.13: ``forward_sync_buffers=False``; buffers are still made equal once, at
+    construction.  Older torch has only ``broadcast_buffers=False``, which skips that
+    construction-time sync too (torch 2.13 deprecates it with a FutureWarning for that reason):
+    call ``broadcast_buffers_once`` after wrapping to get the same start.
+    """
+    if "forward_sync_buffers" in inspect.signature(ddp_class.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
+def broadcast_buffers_once(module: torch.nn.Module) -> None:
+    """Copy rank 0's buffers to every rank (what DDP's constructor does for them)."""
+    for buffer in module.buffers():
+        dist.broadcast(buffer, src=0)
+# --8<-- [end:buffer_sync]
+
+
+# --8<-- [start:flight_recorder]
+def dump_flight_recorder(path: Path) -> None:
+    """Write this rank's flight recorder (its last collectives: kind, sizes, state) to ``path``.
+
+    It records only if TORCH_FR_BUFFER_SIZE (entries kept) is set before init_process_group.
+    NCCL's watchdog writes it by itself when a collective times out; gloo (torch 2.13) records
+    but never writes it: call this where the timeout surfaces, in an ``except`` block.
+    """
+    from torch._C._distributed_c10d import _dump_fr_trace  # private: no public API yet
+
+    Path(path).write_bytes(_dump_fr_trace())
+
+
+def last_collectives(path: Path, count: int = 2) -> list[str]:
+    """The last ``count`` collectives in a dump, oldest first: ``#seq kind sizes``."""
+    entries = pickle.loads(Path(path).read_bytes()).get("entries", [])
+    return [f"#{e['collective_seq_id']} {e['profiling_name']} {e['input_sizes']}"
+            for e in entries[-count:]]
+# --8<-- [end:flight_recorder]
 
 
 @contextmanager
