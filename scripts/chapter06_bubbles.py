@@ -373,6 +373,9 @@ def batchnorm_vs_syncbn(ctx, rounds: int) -> dict:
             "syncbn_collectives_ms": median(in_syncbn) if tl.events else None,
             "collectives_per_step": counts,
             "buffer_sync_off_argument": stragglers.no_forward_buffer_sync(),
+            "broadcasts_per_step": {"default": counts["syncbn"].get("broadcast", 0),
+                                    "forward_sync_off": counts["syncbn_forward_sync_off"].get(
+                                        "broadcast", 0)},
             "max_abs_grad_diff_vs_full_batch": diffs,
             "implementation": ("torch.nn.SyncBatchNorm" if ctx.device.type == "cuda"
                                else "ddplab.syncbn.SyncBatchNorm"),
@@ -782,6 +785,17 @@ def rank0_work_numbers(events, after_step: int = 1) -> dict:
             "idle_ms_other_ranks": statistics.fmean(e.duration_ms for e in nxt)}
 
 
+def buckets_in_flight(events: list[timeline.Event]) -> float:
+    """Median over ranks and backward passes: buckets in flight at the last bucket's launch."""
+    counts = []
+    for rank in sorted({e.rank for e in events}):
+        for backward in (e for e in events if e.rank == rank and e.cat == "backward"):
+            inside = [e for e in events if e.rank == rank
+                      and backward.start_ms <= e.start_ms <= backward.end_ms]
+            counts.append(stragglers.in_flight_at_last_launch(inside, rank))
+    return median(counts)
+
+
 def write_traces(out: Path, result: dict) -> list[str]:
     files = {"trace_native_ddp.json": with_idle(result["timelines"]["native"]),
              "trace_bucketed_ddp.json": result["timelines"]["bucketed"],
@@ -881,6 +895,7 @@ def main(argv: list[str] | None = None) -> dict | None:
                                 "ddplab.Timeline (host clock, perf_counter)"),
             "buckets_per_step": {kind: len({e.name for e in ev if e.cat == "comm"})
                                  for kind, ev in result["timelines"].items()},
+            "buckets_in_flight_at_last_launch": buckets_in_flight(result["timelines"]["native"]),
             "trace_files": traces,
         }
         ddplab.write_results(out, CHAPTER, metrics, run.provenance)

@@ -25,6 +25,12 @@ def test_idle_is_from_the_last_bucket_launch_to_the_end_of_backward():
     assert stragglers.comm_idle_ms(events, 1) == pytest.approx(5.0)
 
 
+def test_buckets_in_flight_at_the_last_launch():
+    events = step(0, [12.0, 15.0, 18.0])                    # all end at 39.5: three in flight
+    events.append(Event("bucket 3", "comm", 13.0, 14.0, 0))  # done before the last launch
+    assert stragglers.in_flight_at_last_launch(events, 0) == 3
+
+
 def test_comm_outside_backward_is_not_a_gradient_bucket():
     events = [*step(0, [12.0]), Event("loss all-reduce", "comm", 41.0, 42.0, 0)]
     assert stragglers.comm_idle_ms(events, 0) == pytest.approx(28.0)

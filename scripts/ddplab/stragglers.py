@@ -45,24 +45,25 @@ def inject_delay(delay_ms: float) -> None:
 # --8<-- [end:inject_delay]
 
 
+# How it times, on either clock: the span starts when DDP hands the bucket over and ends in the
+# ``then`` callback, which runs when the all-reduce has completed (gloo: on the backend's thread).
+# On a GPU the timeline's stamps are CUDA events: the first on the stream that computed the
+# gradients, the second in ``then``, whose stream is made to wait for the all-reduce
+# (torch/futures/__init__.py, Future.then) — GPU times, not launch times.
+#
+# Not bit for bit DDP's built-in averaging: without a hook DDP multiplies each gradient by
+# ``1/N`` (rounded) while copying it into the bucket (reducer.cpp, mark_variable_ready_dense);
+# with a hook it copies the gradient unscaled and ``div_(N)`` below divides.  The same bits when
+# N is a power of two (1/N is exact); otherwise they can differ in the last bit.  torch's own
+# ``default_hooks.allreduce_hook`` divides the same way.  (tests/test_stragglers.py)
+
 # --8<-- [start:hook]
 def timed_allreduce_hook(timeline: Timeline) -> Callable:
     """A DDP communication hook: average a bucket with one all-reduce, and time it.
 
     ``ddp.register_comm_hook(None, timed_allreduce_hook(timeline))`` *replaces* DDP's built-in
-    all-reduce (a hook can be registered once, before the first backward).  DDP calls the hook
-    when a bucket's gradients are all ready; the hook must start the communication and return a
-    Future holding the averaged bucket.  The span starts when the bucket is handed to the
-    backend and ends when the all-reduce has completed (the ``then`` callback runs on the
-    backend's thread at that moment).  On a GPU the timeline stamps are CUDA events: the first
-    on the stream that computed the gradients, the second in ``then``, whose stream waits for the
-    all-reduce (torch/futures ``Future.then``) — so both are GPU times, not launch times.
-
-    Not bit for bit DDP's built-in averaging: without a hook DDP multiplies each gradient by
-    ``1/N`` (rounded) while copying it into the bucket (reducer.cpp, mark_variable_ready_dense);
-    with a hook it copies unscaled, and ``div_(N)`` below divides.  Same bits when N is a power
-    of two (1/N is exact); otherwise they may differ in the last bit.  torch's own
-    ``default_hooks.allreduce_hook`` divides the same way.
+    all-reduce (once, before the first backward).  DDP calls the hook when a bucket's gradients
+    are all ready; the hook starts the communication and returns a Future of the averaged bucket.
     """
     def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         start = timeline.now()
@@ -109,6 +110,14 @@ def comm_idle_ms(events: list[Event], rank: int) -> float:
                          "was the model wrapped with a timeline?")
     return backward.end_ms - max(launches)
 # --8<-- [end:idle]
+
+
+def in_flight_at_last_launch(events: list[Event], rank: int) -> int:
+    """Buckets still in flight (the last one included) when ``rank`` launched its last bucket
+    in the one backward pass that ``events`` hold: the queue the idle time waits for."""
+    mine = [e for e in events if e.rank == rank and e.cat == "comm"]
+    last = max(e.start_ms for e in mine)
+    return sum(1 for e in mine if e.start_ms <= last < e.end_ms)
 
 
 def idle_events(events: list[Event]) -> list[Event]:
