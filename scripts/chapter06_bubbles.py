@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -46,6 +47,7 @@ import ddplab
 from ddplab import stragglers, syncbn, timeline
 from ddplab.launch import default_world_size, started_by_torchrun
 from ddplab.timing import compare, median, slowest_rank, synchronize
+from figures import chapter06 as drawing
 
 CHAPTER = 6
 BUCKET_MB = 0.25          # small buckets: several all-reduces per step, visible on a timeline
@@ -690,89 +692,7 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
     return result if ctx.is_main else None
 
 
-# --- drawing and reporting (rank 0 / the launching process) -------------------------------------
-
-def with_idle(events: list[timeline.Event]) -> list[timeline.Event]:
-    """The events plus one 'idle' span per backward: the bubble, drawn on top."""
-    return events + stragglers.idle_events(events)
-
-
-LEGEND = {"comm": "all-reduce (comm)", "data": "late: injected delay",
-          "idle": "idle: waiting for others", "wait": "waiting (measured by the wrapper)",
-          "eval": "rank 0 only: evaluate + save", "join": "joined: shadowing the others"}
-
-
-def draw_timeline(events, path: Path, title: str, lanes: tuple[str, ...] = ("comm",)) -> None:
-    from ddplab import plotting
-
-    ranks = len({e.rank for e in events})
-    fig, ax = plotting.figure(height=1.0 + 0.4 * ranks * (1 + len(lanes)))
-    on_top = sorted(events, key=lambda e: e.cat in ("wait", "idle"))  # drawn over backward
-    timeline.draw_gantt(ax, on_top, lanes=list(lanes), title=title)
-    ax.set_xlabel("time (ms)")
-    for text in ax.get_legend().get_texts():
-        text.set_text(LEGEND.get(text.get_text(), text.get_text()))
-    plotting.save(fig, path)
-
-
-def draw_straggler(summaries: dict, path: Path) -> None:
-    from ddplab import plotting
-
-    fig, (left, right) = plotting.figure(1, 2, height=3.4)
-    styles = {"native": ("native DDP", plotting.COLORS["native"], "o"),
-              "bucketed": ("BucketedDDP", plotting.COLORS["bucketed"], "s")}
-    for kind, s in summaries.items():
-        label, color, marker = styles[kind]
-        d = s["delay_ms"]
-        left.plot(d, s["step_time_ms"], marker=marker, color=color, label=label)
-        right.plot(d, s["idle_ms_fast_ranks"], marker=marker, color=color,
-                   label=f"{label}, on time ranks")
-        right.plot(d, s["idle_ms_slow_rank"], marker=marker, color=color, linestyle=":",
-                   label=f"{label}, the late rank")
-    native = summaries["native"]
-    d = native["delay_ms"]
-    for ax, key in ((left, "step_time_ms"), (right, "idle_ms_fast_ranks")):
-        base = native[key][0]
-        ax.plot(d, [base + EXPECTED_SLOPE * x for x in d], color=plotting.OKABE_ITO["grey"],
-                linestyle="--", label="expected: slope 1 from d = 0")
-        ax.set_xlabel("delay d injected on one rank (ms per step)")
-    left.set_ylabel("step time, slowest rank (ms)")
-    right.set_ylabel("idle time per step (ms)")
-    left.set_title("Every rank's step gets d ms longer")
-    right.set_title("The on-time ranks wait d ms more")
-    left.legend(fontsize=8)
-    right.legend(fontsize=7)
-    fig.tight_layout()
-    plotting.save(fig, path)
-
-
-def draw_sync_points(bn: dict, path: Path) -> None:
-    """BatchNorm against SyncBatchNorm: step time, the part spent in SyncBN's collectives."""
-    from ddplab import plotting
-
-    fig, ax = plotting.figure(height=2.6)
-    labels = {"bn": "BatchNorm", "syncbn": "SyncBatchNorm"}
-    times = bn["step_time_ms"]
-    in_comm = {"bn": 0.0, "syncbn": bn["syncbn_collectives_ms"] or 0.0}
-    names = list(labels)
-    rest = [times[n] - in_comm[n] for n in names]
-    ax.barh([labels[n] for n in names], rest, color=plotting.COLORS["backward"], height=0.5,
-            label="rest of the step (compute, DDP's overlapped buckets)")
-    ax.barh([labels[n] for n in names], [in_comm[n] for n in names], left=rest,
-            color=plotting.COLORS["comm"], height=0.5,
-            label="inside SyncBatchNorm's blocking all-reduces")
-    for i, n in enumerate(names):
-        calls = sum(bn["collectives_per_step"][n].values())
-        ax.annotate(f" {times[n]:.1f} ms, {calls} collectives per step", (times[n], i),
-                    va="center", fontsize=9)
-    ax.set_xlim(0, max(times.values()) * 1.6)
-    ax.invert_yaxis()
-    ax.set_xlabel("median step time (ms)")
-    ax.set_title("A small CNN with 3 BatchNorm layers, native DDP")
-    ax.grid(axis="y", visible=False)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=2, fontsize=8)
-    plotting.save(fig, path)
-
+# --- numbers and traces from the events (drawing: figures/chapter06.py) -------------------------
 
 def rank0_work_numbers(events, after_step: int = 1) -> dict:
     """rank 0's evaluate+save time, and how long the others then waited in the next step."""
@@ -785,7 +705,7 @@ def rank0_work_numbers(events, after_step: int = 1) -> dict:
             "idle_ms_other_ranks": statistics.fmean(e.duration_ms for e in nxt)}
 
 
-def buckets_in_flight(events: list[timeline.Event]) -> float:
+def buckets_in_flight(events: list[timeline.Event]) -> int:
     """Median over ranks and backward passes: buckets in flight at the last bucket's launch."""
     counts = []
     for rank in sorted({e.rank for e in events}):
@@ -793,10 +713,12 @@ def buckets_in_flight(events: list[timeline.Event]) -> float:
             inside = [e for e in events if e.rank == rank
                       and backward.start_ms <= e.start_ms <= backward.end_ms]
             counts.append(stragglers.in_flight_at_last_launch(inside, rank))
-    return median(counts)
+    return statistics.median_low(counts)   # a count that happened, not a half
 
 
 def write_traces(out: Path, result: dict) -> list[str]:
+    def with_idle(events):
+        return events + stragglers.idle_events(events)
     files = {"trace_native_ddp.json": with_idle(result["timelines"]["native"]),
              "trace_bucketed_ddp.json": result["timelines"]["bucketed"],
              "trace_straggler.json": with_idle(result["bubble"])}
@@ -857,26 +779,11 @@ def main(argv: list[str] | None = None) -> dict | None:
                       and uneven["join_max_abs_diff_params"] == 0.0)
     no_join = hangs["uneven_without_join"]
     with ddplab.chapter_output(args.out, CHAPTER) as out:
-        draw_timeline(with_idle(result["timelines"]["native"]), out / "timeline_native.png",
-                      "Native DDP, 3 steps (bucket times from a comm hook)")
-        draw_timeline(result["timelines"]["bucketed"], out / "timeline_bucketed.png",
-                      "BucketedDDP, 3 steps (its own timeline; grey: waiting for buckets)")
-        draw_timeline(with_idle(result["bubble"]), out / "straggler_timeline.png",
-                      f"Rank {slow} is {BUBBLE_DELAY_MS:g} ms late every step (native DDP)")
-        draw_straggler(sweeps, out / "straggler.png")
-        draw_sync_points(result["syncbn"], out / "sync_points.png")
-        draw_timeline(result["syncbn_timeline"], out / "syncbn_timeline.png",
-                      f"SyncBatchNorm, rank {slow} {BUBBLE_DELAY_MS:g} ms late: the others "
-                      "wait in the forward pass")
-        draw_timeline(with_idle(result["rank0_work"]), out / "rank0_work.png",
-                      "Rank 0 evaluates and saves after step 2; the others wait in step 3")
-        draw_timeline(uneven["events"], out / "uneven_join.png",
-                      "Uneven inputs with Join: the rank that runs out shadows the others",
-                      lanes=())
         traces = write_traces(out, result)
         metrics = {
             "straggler": {**sweeps["native"], "slow_rank": slow,
-                          "expected_slope": EXPECTED_SLOPE, "bucketed": sweeps["bucketed"]},
+                          "expected_slope": EXPECTED_SLOPE, "bucketed": sweeps["bucketed"],
+                          "bubble_delay_ms": BUBBLE_DELAY_MS},
             "syncbn": {k: v for k, v in result["syncbn"].items()},
             "sync_points": {"metric_reduction": result["metric"],
                             "rank0_work": rank0_work_numbers(result["rank0_work"]),
@@ -890,18 +797,23 @@ def main(argv: list[str] | None = None) -> dict | None:
                        "collectives_per_step": result["join_collectives"],
                        "throw_on_early_termination": uneven["throw_on_early_termination"],
                        "sampler": uneven["sampler"]},
-            "timeline_source": ("torch.profiler (profiler_rank*.json) and ddplab.Timeline"
-                                if "profiler_traces" in result else
+            "timeline_source": ("torch.profiler (profiler_rank*.json) and ddplab.Timeline "
+                                "(CUDA events)" if "profiler_traces" in result else
                                 "ddplab.Timeline (host clock, perf_counter)"),
             "buckets_per_step": {kind: len({e.name for e in ev if e.cat == "comm"})
                                  for kind, ev in result["timelines"].items()},
             "buckets_in_flight_at_last_launch": buckets_in_flight(result["timelines"]["native"]),
             "trace_files": traces,
+            "timelines": {name: [asdict(e) for e in events] for name, events in (
+                *result["timelines"].items(), ("bubble", result["bubble"]),
+                ("syncbn", result["syncbn_timeline"]), ("rank0_work", result["rank0_work"]),
+                ("uneven_join", uneven["events"]))},
         }
+        figures = drawing.draw(metrics, out)
         ddplab.write_results(out, CHAPTER, metrics, run.provenance)
     print(summarize(metrics))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/ (8 figures, {len(traces)} traces, "
-          "results.json); open the traces at https://ui.perfetto.dev")
+    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/ ({len(figures)} figures, "
+          f"{len(traces)} traces, results.json); open the traces at https://ui.perfetto.dev")
     return metrics
 
 

@@ -22,9 +22,8 @@ def quick(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_quick_run_is_quick_and_complete(quick):
-    run, out, results = quick
-    assert run.seconds < 60, f"--quick took {run.seconds:.0f} s, hang demos included"
+def test_quick_run_is_complete(quick):
+    run, out, results = quick   # its wall time is a benchmark (make bench), not a test
     assert results["provenance"].keys() >= PROVENANCE_KEYS
     assert results["provenance"]["quick"] is True
     for name in FIGURES:
@@ -114,7 +113,8 @@ def test_hang_demos_time_out_with_the_documented_error(quick, demo):
     assert last["rank_0"][1] == "gloo:all_reduce" and last["rank_1"][1] == "gloo:barrier"
     assert d["timed_out"] is True
     assert "Timed out waiting" in d["error"]
-    assert d["seconds_including_startup"] < d["timeout_s"] + 15  # bounded: start-up + timeout
+    # Ended by the demo's own short timeout (not the 30-minute default, not another error).
+    assert f"{d['timeout_s'] * 1000:.0f}ms" in d["error"]
 
 
 @pytest.mark.slow
@@ -130,7 +130,7 @@ def test_sync_points_are_counted_and_syncbn_matches_the_full_batch(quick):
     # forward_sync_buffers=False (or the fallback) removes exactly those broadcasts.
     assert bn["broadcasts_per_step"] == {"default": calls["syncbn"]["broadcast"],
                                          "forward_sync_off": 0}
-    assert calls["syncbn_forward_sync_off"]["all_reduce"] == 7
+    assert bn["collectives_per_step"]["syncbn_forward_sync_off"]["all_reduce"] == 7
     # Gradients against one process on the whole batch: SyncBN to float32 rounding, plain BN
     # (per-shard statistics) visibly off.
     assert bn["max_abs_grad_diff_vs_full_batch"]["syncbn"] < 1e-5
@@ -167,3 +167,18 @@ def test_bad_flags_are_one_clear_line(tmp_path):
     run = run_script(SCRIPT, "--world-size", "1", "--out", str(tmp_path))
     assert run.returncode == 2
     assert "at least 2 ranks" in run.stderr
+
+
+@pytest.mark.slow
+def test_figures_redraw_from_results_json_alone(quick, tmp_path):
+    """scripts/figures/chapter06.py draws every figure from results.json, launching no rank."""
+    _, out, _ = quick
+    folder = tmp_path / "chapter06"
+    folder.mkdir()
+    (folder / "results.json").write_bytes((out / "chapter06" / "results.json").read_bytes())
+    run = run_script("scripts/figures/chapter06.py", "--out", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    for name in FIGURES:
+        assert_png(folder / name)
+    missing = run_script("scripts/figures/chapter06.py", "--out", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr

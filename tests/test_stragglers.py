@@ -54,6 +54,12 @@ def test_fit_line_recovers_slope_and_intercept():
     assert intercept == pytest.approx(3.0)
 
 
+def test_fit_line_is_not_pulled_off_by_one_stalled_step():
+    ys = [3.0, 13.0, 63.0, 33.0, 43.0]        # the step at d = 20 was stalled by 40 ms
+    slope, intercept = stragglers.fit_line([0, 10, 20, 30, 40], ys)
+    assert slope == pytest.approx(1.0) and intercept == pytest.approx(3.0)
+
+
 def test_inject_delay_sleeps_at_least_that_long():
     import time
 

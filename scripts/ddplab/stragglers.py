@@ -134,9 +134,13 @@ def idle_events(events: list[Event]) -> list[Event]:
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares ``(slope, intercept)`` of ys against xs."""
-    slope, intercept = statistics.linear_regression(xs, ys)
-    return slope, intercept
+    """A robust ``(slope, intercept)`` of ys against xs (Theil-Sen: the median of the slopes
+    between all pairs of points).  On a shared machine one stalled step can pull a
+    least-squares line far off; a median of pairwise slopes barely moves."""
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i])
+              for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
+    slope = statistics.median(slopes)
+    return slope, statistics.median(y - slope * x for x, y in zip(xs, ys, strict=True))
 
 
 # --8<-- [start:count]

@@ -146,21 +146,30 @@ def write_chrome_trace(path: Path, events: list[Event]) -> Path:
 
 
 def draw_gantt(ax, events: list[Event], *, lanes: list[str] | None = None,
-               title: str | None = None) -> None:
+               title: str | None = None, stack_lanes: bool = False) -> None:
     """One row per (rank, lane); ``lanes`` are categories drawn on separate rows (the rest
-    share the rank's main row).  Colours come from ``ddplab.plotting.COLORS``."""
+    share the rank's main row).  Colours come from ``ddplab.plotting.COLORS``.
+    ``stack_lanes``: inside a lane, each event name (``bucket 0``, ``bucket 1``…) gets a thin
+    row of its own, so that spans in flight at the same time stay visible side by side."""
     from .plotting import COLORS, OKABE_ITO
 
     lanes = lanes or []
     rows: list[tuple[int, str | None]] = []
     for rank in sorted({e.rank for e in events}):
         rows += [(rank, None)] + [(rank, lane) for lane in lanes]
+    names = {lane: sorted({e.name for e in events if e.cat == lane}, key=_natural)
+             for lane in lanes}
     height = 0.8
     for e in events:
         lane = e.cat if e.cat in lanes else None
-        y = len(rows) - 1 - rows.index((e.rank, lane))
-        ax.broken_barh([(e.start_ms, max(e.duration_ms, 1e-3))], (y - height / 2, height),
-                       color=COLORS.get(e.cat, OKABE_ITO["grey"]), linewidth=0)
+        y, h = len(rows) - 1 - rows.index((e.rank, lane)) - height / 2, height
+        if lane is not None and stack_lanes:
+            h = height / len(names[lane])
+            y += h * (len(names[lane]) - 1 - names[lane].index(e.name))
+        ax.broken_barh([(e.start_ms, max(e.duration_ms, 1e-3))], (y, h),
+                       color=COLORS.get(e.cat, OKABE_ITO["grey"]),
+                       edgecolor="white" if stack_lanes and lane else None,
+                       linewidth=0.5 if stack_lanes and lane else 0)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"rank {r}" + (f" {lane}" if lane else "") for r, lane in reversed(rows)])
     ax.set_xlabel("time since step start (ms)")
@@ -170,6 +179,12 @@ def draw_gantt(ax, events: list[Event], *, lanes: list[str] | None = None,
               ncol=min(len(handles), 6))
     if title:
         ax.set_title(title)
+
+
+def _natural(name: str) -> tuple:
+    """'bucket 10' after 'bucket 9'."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
+                 for part in name.split())
 
 
 def _patch(color: str, label: str):
