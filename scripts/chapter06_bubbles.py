@@ -18,19 +18,17 @@ Writes figures/chapter06/: timeline_native.png, timeline_bucketed.png, straggler
 straggler_timeline.png, sync_points.png, syncbn_timeline.png, rank0_work.png, uneven_join.png,
 the Chrome/Perfetto traces trace_native_ddp.json, trace_bucketed_ddp.json, trace_straggler.json
 (open them at https://ui.perfetto.dev), on GPUs also torch.profiler traces
-profiler_rank<N>.json, and results.json (or under --out DIR).
+profiler_rank<N>.json, and results.json (or under --out DIR).  The figures are drawn by
+scripts/figures/chapter06.py from results.json alone; run it to redraw them without a rank.
 """
 
 from __future__ import annotations
 
-import copy
 import io
 import os
 import statistics
 import sys
 import tempfile
-import time
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -44,7 +42,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 import ddplab
-from ddplab import stragglers, syncbn, timeline
+from ddplab import hangs, stragglers, syncbn, timeline
 from ddplab.launch import default_world_size, started_by_torchrun
 from ddplab.timing import compare, median, slowest_rank, synchronize
 from figures import chapter06 as drawing
@@ -598,67 +596,6 @@ def uneven_without_join(ctx, args) -> None:
 # --8<-- [end:no_join]
 
 
-def with_flight_recorder(ctx, args) -> None:
-    """Run a hang demo on this rank; when its collective fails, save the flight recorder."""
-    try:
-        HANG_DEMOS[args.demo](ctx, args)
-    except RuntimeError:
-        stragglers.dump_flight_recorder(Path(args.flight_recorder_dir) / f"rank_{ctx.rank}")
-        raise
-
-
-def run_hang_demo(name: str, args) -> dict:
-    """Run a hang demo as its own job with a short timeout, expecting it to fail."""
-    if started_by_torchrun():
-        return {"what_happened": "skipped under torchrun: run the script with python to see it",
-                "why": "under torchrun the processes are the ranks, and a job that hangs on "
-                       "purpose would end the run", "timed_out": None}
-    demo = copy.copy(args)
-    demo.timeout, demo.demo = HANG_TIMEOUT_S, name
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp, flight_recorder_on():
-        demo.flight_recorder_dir = tmp
-        try:
-            ddplab.launch(with_flight_recorder, demo)
-        except ddplab.RankFailed as err:
-            timed_out = "timed out" in str(err).lower()
-            return {"what_happened": (f"timeout after {HANG_TIMEOUT_S:g} s" if timed_out
-                                      else "failed without a timeout"),
-                    "error": str(err), "stuck_in": where_it_waited(err.details),
-                    "timed_out": timed_out, "timeout_s": HANG_TIMEOUT_S,
-                    "flight_recorder": {path.name: stragglers.last_collectives(path)
-                                        for path in sorted(Path(tmp).glob("rank_*"))},
-                    "seconds_including_startup": time.perf_counter() - start}
-    return {"what_happened": "finished: it did not hang", "timed_out": False,
-            "seconds_including_startup": time.perf_counter() - start}
-
-
-@contextmanager
-def flight_recorder_on(entries: int = 64):
-    """TORCH_FR_BUFFER_SIZE for the ranks about to be started (read at init_process_group)."""
-    before = os.environ.get("TORCH_FR_BUFFER_SIZE")
-    os.environ["TORCH_FR_BUFFER_SIZE"] = str(entries)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("TORCH_FR_BUFFER_SIZE")
-        else:
-            os.environ["TORCH_FR_BUFFER_SIZE"] = before
-
-
-def where_it_waited(details: str) -> str:
-    """The last line of this script in a traceback: where the failing rank was waiting."""
-    lines = details.splitlines()
-    here = [i for i, line in enumerate(lines) if Path(__file__).name in line]
-    if not here or here[-1] + 1 >= len(lines):
-        return "unknown"
-    i = here[-1]
-    function = lines[i].rsplit(" in ", 1)[-1]
-    code = lines[i + 1].split("  #", 1)[0].strip()  # without the comment
-    return f"{function}(): {code}"
-
-
 HANG_DEMOS = {"rank0_only_collective": rank0_only_collective,
               "uneven_without_join": uneven_without_join}
 
@@ -771,13 +708,14 @@ def main(argv: list[str] | None = None) -> dict | None:
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
         return None
     result = run.result
-    hangs = {name: run_hang_demo(name, args) for name in HANG_DEMOS}
+    hung = {name: hangs.run_hang_demo(demo, args, HANG_TIMEOUT_S)
+            for name, demo in HANG_DEMOS.items()}
     slow = result["slow_rank"]
     sweeps = {kind: summarize_sweep(s, args.delays, slow) for kind, s in result["sweeps"].items()}
     uneven = result["uneven"]
     join_completed = (len(uneven["batches_per_rank"]) == run.provenance["world_size"]
                       and uneven["join_max_abs_diff_params"] == 0.0)
-    no_join = hangs["uneven_without_join"]
+    no_join = hung["uneven_without_join"]
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         traces = write_traces(out, result)
         metrics = {
@@ -787,7 +725,7 @@ def main(argv: list[str] | None = None) -> dict | None:
             "syncbn": {k: v for k, v in result["syncbn"].items()},
             "sync_points": {"metric_reduction": result["metric"],
                             "rank0_work": rank0_work_numbers(result["rank0_work"]),
-                            "rank0_only_collective": hangs["rank0_only_collective"]},
+                            "rank0_only_collective": hung["rank0_only_collective"]},
             "hook": result["hook"],
             "uneven": {"join_completed": join_completed,
                        "without_join": no_join["what_happened"],

@@ -153,3 +153,32 @@ def test_a_gpu_timeline_stamps_with_cuda_events_and_reads_them_late(monkeypatch)
     assert tl.elapsed_ms() == 7.5
     tl.start_clock()
     assert tl.events == []
+
+
+def _waits_here():  # a demo function of this file, for where_it_waited
+    pass
+
+
+def test_where_a_hung_rank_waited_is_its_demo_files_last_line():
+    from ddplab import hangs
+
+    details = ('Traceback (most recent call last):\n'
+               '  File "/x/ddplab/hangs.py", line 80, in _with_flight_recorder\n'
+               '    args.demo(ctx, args)\n'
+               '  File "/x/tests/test_stragglers.py", line 12, in uneven\n'
+               '    dist.barrier()  # everyone done\n'
+               '  File "/x/torch/distributed/c10d_logger.py", line 81, in wrapper\n'
+               '    return func(*args, **kwargs)\n')
+    assert hangs.where_it_waited(details, _waits_here) == "uneven(): dist.barrier()"
+    assert hangs.where_it_waited("no traceback", _waits_here) == "unknown"
+
+
+def test_the_flight_recorder_switch_restores_the_environment(monkeypatch):
+    import os
+
+    from ddplab import hangs
+
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    with hangs.flight_recorder_on(16):
+        assert os.environ["TORCH_FR_BUFFER_SIZE"] == "16"
+    assert "TORCH_FR_BUFFER_SIZE" not in os.environ

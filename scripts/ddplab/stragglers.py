@@ -11,21 +11,18 @@ module makes that measurable:
   after its own gradients were ready;
 * ``fit_line``: the slope of idle time (or step time) against the injected delay;
 * ``count_collectives``: which collectives one step really issues (torch.profiler's view);
-* ``no_forward_buffer_sync``: DDP's arguments that skip the per-step buffer broadcast;
-* ``dump_flight_recorder`` / ``last_collectives``: each rank's recent collectives, after a hang.
+* ``no_forward_buffer_sync``: DDP's arguments that skip the per-step buffer broadcast.
 """
 
 # No ``from __future__ import annotations`` here: DDP checks a comm hook's annotations, and
 # would reject them as strings.
 import inspect
 import os
-import pickle
 import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -191,25 +188,6 @@ def broadcast_buffers_once(module: torch.nn.Module) -> None:
 # --8<-- [end:buffer_sync]
 
 
-# --8<-- [start:flight_recorder]
-def dump_flight_recorder(path: Path) -> None:
-    """Write this rank's flight recorder (its last collectives: kind, sizes, state) to ``path``.
-
-    It records only if TORCH_FR_BUFFER_SIZE (entries kept) is set before init_process_group.
-    NCCL's watchdog writes it by itself when a collective times out; gloo (torch 2.13) records
-    but never writes it: call this where the timeout surfaces, in an ``except`` block.
-    """
-    from torch._C._distributed_c10d import _dump_fr_trace  # private: no public API yet
-
-    Path(path).write_bytes(_dump_fr_trace())
-
-
-def last_collectives(path: Path, count: int = 2) -> list[str]:
-    """The last ``count`` collectives in a dump, oldest first: ``#seq kind sizes``."""
-    entries = pickle.loads(Path(path).read_bytes()).get("entries", [])
-    return [f"#{e['collective_seq_id']} {e['profiling_name']} {e['input_sizes']}"
-            for e in entries[-count:]]
-# --8<-- [end:flight_recorder]
 
 
 @contextmanager
