@@ -18,18 +18,18 @@ Writes figures/chapter06/: timeline_native.png, timeline_bucketed.png, straggler
 straggler_timeline.png, sync_points.png, syncbn_timeline.png, rank0_work.png, uneven_join.png,
 the Chrome/Perfetto traces trace_native_ddp.json, trace_bucketed_ddp.json, trace_straggler.json
 (open them at https://ui.perfetto.dev), on GPUs also torch.profiler traces
-profiler_rank<N>.json, and results.json (or under --out DIR).
+profiler_rank<N>.json, and results.json (or under --out DIR).  The figures are drawn by
+scripts/figures/chapter06.py from results.json alone; run it to redraw them without a rank.
 """
 
 from __future__ import annotations
 
-import copy
 import io
 import os
 import statistics
 import sys
 import tempfile
-import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -42,9 +42,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 import ddplab
-from ddplab import stragglers, syncbn, timeline
+from ddplab import hangs, stragglers, syncbn, timeline
 from ddplab.launch import default_world_size, started_by_torchrun
 from ddplab.timing import compare, median, slowest_rank, synchronize
+from figures import chapter06 as drawing
 
 CHAPTER = 6
 BUCKET_MB = 0.25          # small buckets: several all-reduces per step, visible on a timeline
@@ -99,21 +100,18 @@ def wrapped(kind: str, ctx: ddplab.RankContext, tl: timeline.Timeline):
 
 
 # --8<-- [start:step]
-def train_step(model, opt, x, y, tl: timeline.Timeline, device, late_ms: float = 0.0):
+def train_step(model, opt, x, y, tl: timeline.Timeline, late_ms: float = 0.0):
     """One step, each phase a span on the timeline.  ``late_ms``: this rank is late."""
     if late_ms:
         with tl.span(f"late by {late_ms:g} ms", "data"):
             stragglers.inject_delay(late_ms)
     with tl.span("forward", "forward"):
         loss = F.cross_entropy(model(x), y)
-        synchronize(device)  # GPU: wait for the kernels, or the span only measures launching
     with tl.span("backward", "backward"):
         loss.backward()      # DDP all-reduces the gradient buckets during this call
-        synchronize(device)
     with tl.span("optimizer step", "optimizer"):
         opt.step()
         opt.zero_grad()
-        synchronize(device)
     return loss
 # --8<-- [end:step]
 
@@ -133,13 +131,13 @@ def record_timeline(ctx, model: nn.Module, tl: timeline.Timeline, x, y, *, steps
     """
     opt = sgd(model)
     for _ in range(3):  # warm-up: first steps allocate, and native DDP rebuilds its buckets
-        train_step(model, opt, x, y, tl, ctx.device, late_ms)
+        train_step(model, opt, x, y, tl, late_ms)
     recorded = []
     for _ in range(windows):
         dist.barrier()
         tl.start_clock()
         for _ in range(steps):
-            train_step(model, opt, x, y, tl, ctx.device, late_ms)
+            train_step(model, opt, x, y, tl, late_ms)
         recorded.append(timeline.gather_events(tl))
     if not ctx.is_main:
         return None
@@ -147,7 +145,7 @@ def record_timeline(ctx, model: nn.Module, tl: timeline.Timeline, x, y, *, steps
 
 
 def mlp_timeline(ctx, kind: str, steps: int, late_ms: float = 0.0):
-    tl = timeline.Timeline(ctx.rank)
+    tl = timeline.Timeline(ctx.rank, device=ctx.device)
     x, y = rank_batch(ctx, (64, 256))
     return record_timeline(ctx, wrapped(kind, ctx, tl), tl, x, y, steps=steps, late_ms=late_ms)
 
@@ -166,10 +164,10 @@ def profiler_trace(ctx, steps: int = 2) -> str | None:
     opt = sgd(model)
     x, y = rank_batch(ctx, (64, 256))
     for _ in range(3):
-        train_step(model, opt, x, y, tl, ctx.device)
+        train_step(model, opt, x, y, tl)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            train_step(model, opt, x, y, tl, ctx.device)
+            train_step(model, opt, x, y, tl)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
@@ -181,7 +179,7 @@ def profiler_trace(ctx, steps: int = 2) -> str | None:
 # --8<-- [start:sweep]
 def straggler_sweep(ctx, kind: str, delays: list[float], slow_rank: int, steps: int) -> dict:
     """For each delay: median step time and idle time of every rank (all ranks get the lists)."""
-    tl = timeline.Timeline(ctx.rank)
+    tl = timeline.Timeline(ctx.rank, device=ctx.device)
     model = wrapped(kind, ctx, tl)
     opt = sgd(model)
     x, y = rank_batch(ctx, (64, 256))
@@ -189,13 +187,13 @@ def straggler_sweep(ctx, kind: str, delays: list[float], slow_rank: int, steps: 
     for delay in ddplab.progress(delays, ctx, f"straggler sweep ({kind})"):
         late = delay if ctx.rank == slow_rank else 0.0
         for _ in range(2):
-            train_step(model, opt, x, y, tl, ctx.device, late)
+            train_step(model, opt, x, y, tl, late)
         step_ms, idle_ms, wait_ms = [], [], []
         for _ in range(steps):
             dist.barrier()       # every step starts together: the delay is the only skew
             tl.start_clock()
-            train_step(model, opt, x, y, tl, ctx.device, late)
-            step_ms.append(tl.now())
+            train_step(model, opt, x, y, tl, late)
+            step_ms.append(tl.elapsed_ms())
             idle_ms.append(stragglers.comm_idle_ms(tl.events, ctx.rank))
             wait_ms.append(sum(e.duration_ms for e in tl.events if e.cat == "wait"))
         mine["step_ms"].append(median(step_ms))
@@ -236,7 +234,7 @@ def hook_cost(ctx, rounds: int) -> dict:
     for name in ("built_in", "python_allreduce_hook", "timing_hook"):
         torch.manual_seed(ctx.seed)   # the same initial weights for all three
         if name == "timing_hook":
-            models[name] = wrapped("native", ctx, timeline.Timeline(ctx.rank))
+            models[name] = wrapped("native", ctx, timeline.Timeline(ctx.rank, device=ctx.device))
             continue
         models[name] = native_ddp(mlp(), ctx)
         if name == "python_allreduce_hook":
@@ -246,7 +244,7 @@ def hook_cost(ctx, rounds: int) -> dict:
     quiet = timeline.Timeline(ctx.rank, enabled=False)
 
     def step(name):
-        return lambda: train_step(models[name], opts[name], x, y, quiet, ctx.device)
+        return lambda: train_step(models[name], opts[name], x, y, quiet)
     samples = compare({name: step(name) for name in models}, rounds=rounds, warmup=3,
                       device=ctx.device)
     diff = max((a - b).abs().max().item() for other in ("python_allreduce_hook", "timing_hook")
@@ -266,23 +264,34 @@ def reduce_loss_every_step(loss: torch.Tensor) -> float:
 
 
 def metric_reduction(ctx, rounds: int) -> dict:
-    """Step time with and without the per-step loss all-reduce, and the time inside it."""
+    """Step time with and without the per-step loss all-reduce, and the time inside it.
+
+    On a GPU each sample is a window of steps with no synchronisation inside it: without the
+    logging the CPU queues the next steps' kernels while the GPU works, and ``.item()`` is what
+    stops that.  (On CPU there is no queue to run ahead in: one step per sample.)
+    """
     torch.manual_seed(ctx.seed)
     model = native_ddp(mlp(), ctx)
     opt = sgd(model)
     x, y = rank_batch(ctx, (64, 256))
-    quiet, tl = timeline.Timeline(ctx.rank, enabled=False), timeline.Timeline(ctx.rank)
+    quiet = timeline.Timeline(ctx.rank, enabled=False)
+    tl = timeline.Timeline(ctx.rank, device=ctx.device)
+    window = 10 if ctx.device.type == "cuda" else 1
 
     def plain():
-        return train_step(model, opt, x, y, quiet, ctx.device)
+        return train_step(model, opt, x, y, quiet)
 
     def logged():
         loss = plain()
         with tl.span("loss all-reduce", "comm"):
             reduce_loss_every_step(loss)
-    samples = compare({"without": plain, "with": logged}, rounds=rounds, warmup=3,
-                      device=ctx.device)
-    return {"step_time_ms": {k: median(v) for k, v in samples.items()},
+
+    def windowed(step):
+        return lambda: [step() for _ in range(window)]
+    samples = compare({"without": windowed(plain), "with": windowed(logged)}, rounds=rounds,
+                      warmup=3, device=ctx.device)
+    return {"step_time_ms": {k: median(v) / window for k, v in samples.items()},
+            "steps_per_sample": window,
             "reduce_ms": median([e.duration_ms for e in tl.events]),
             "collectives_per_step": {"without": stragglers.count_collectives(plain),
                                      "with": stragglers.count_collectives(logged)}}
@@ -342,14 +351,14 @@ def batchnorm_vs_syncbn(ctx, rounds: int) -> dict:
     """Step times, collectives per step, time inside SyncBatchNorm's collectives, and the
     gradient check against one process that sees the whole batch."""
     x, y = rank_batch(ctx, (16, 3, 32, 32), salt=1)
-    tl = timeline.Timeline(ctx.rank)
+    tl = timeline.Timeline(ctx.rank, device=ctx.device)
     models = bn_models(ctx, tl)
     quiet = timeline.Timeline(ctx.rank, enabled=False)
     opts = {name: sgd(m) for name, m in models.items()}
     diffs = {name: diff_to_full_batch(ctx, m, x, y) for name, m in models.items()}
 
     def step(name):
-        return lambda: train_step(models[name], opts[name], x, y, quiet, ctx.device)
+        return lambda: train_step(models[name], opts[name], x, y, quiet)
     samples = compare({name: step(name) for name in models}, rounds=rounds, warmup=3,
                       device=ctx.device)
     in_syncbn = []
@@ -358,18 +367,39 @@ def batchnorm_vs_syncbn(ctx, rounds: int) -> dict:
         tl.start_clock()
         step("syncbn")()
         in_syncbn.append(sum(e.duration_ms for e in tl.events))
+    counts = {k: stragglers.count_collectives(step(k)) for k in models}
+    counts["syncbn_forward_sync_off"] = collectives_without_buffer_sync(ctx, x, y)
     return {"step_time_ms": {k: median(v) for k, v in samples.items()},
             "syncbn_collectives_ms": median(in_syncbn) if tl.events else None,
-            "collectives_per_step": {k: stragglers.count_collectives(step(k)) for k in models},
+            "collectives_per_step": counts,
+            "buffer_sync_off_argument": stragglers.no_forward_buffer_sync(),
+            "broadcasts_per_step": {"default": counts["syncbn"].get("broadcast", 0),
+                                    "forward_sync_off": counts["syncbn_forward_sync_off"].get(
+                                        "broadcast", 0)},
             "max_abs_grad_diff_vs_full_batch": diffs,
             "implementation": ("torch.nn.SyncBatchNorm" if ctx.device.type == "cuda"
                                else "ddplab.syncbn.SyncBatchNorm"),
             "native_on_cpu_error": native_syncbn_on_cpu()}
 
 
+def collectives_without_buffer_sync(ctx, x, y) -> dict:
+    """The SyncBatchNorm model with DDP's per-forward buffer broadcast turned off."""
+    torch.manual_seed(ctx.seed)
+    net = sync_batchnorm(cnn(), ctx.device, None)
+    off = stragglers.no_forward_buffer_sync()
+    model = native_ddp(net, ctx, **off)
+    if "broadcast_buffers" in off:   # torch < 2.13: that also skipped the sync at construction
+        stragglers.broadcast_buffers_once(model.module)
+    opt = sgd(model)
+    quiet = timeline.Timeline(ctx.rank, enabled=False)
+    for _ in range(2):   # past the first step, whose end also broadcasts the rebuilt buckets
+        train_step(model, opt, x, y, quiet)
+    return stragglers.count_collectives(lambda: train_step(model, opt, x, y, quiet))
+
+
 def syncbn_timeline(ctx, late_ms: float, steps: int = 2):
     """SyncBatchNorm under native DDP with one late rank: where does the on-time rank wait?"""
-    tl = timeline.Timeline(ctx.rank)
+    tl = timeline.Timeline(ctx.rank, device=ctx.device)
     model = bn_models(ctx, tl)["syncbn"]
     model.register_comm_hook(None, stragglers.timed_allreduce_hook(tl))
     stragglers.time_ddp_pre_forward(model, tl)
@@ -388,17 +418,17 @@ def evaluate_and_save(model: nn.Module, batches, device) -> None:
 
 
 def rank0_work(ctx, steps: int = 4, after_step: int = 1):
-    tl = timeline.Timeline(ctx.rank)
+    tl = timeline.Timeline(ctx.rank, device=ctx.device)
     model = wrapped("native", ctx, tl)
     opt = sgd(model)
     x, y = rank_batch(ctx, (64, 256))
     val = [rank_batch(ctx, (64, 256), salt=2 + i) for i in range(40)]
     for _ in range(3):
-        train_step(model, opt, x, y, tl, ctx.device)
+        train_step(model, opt, x, y, tl)
     dist.barrier()
     tl.start_clock()
     for step in range(steps):
-        train_step(model, opt, x, y, tl, ctx.device)
+        train_step(model, opt, x, y, tl)
         if step == after_step and ctx.rank == 0:   # the other ranks go straight on
             with tl.span("evaluate + save (rank 0 only)", "eval"):
                 evaluate_and_save(model.module, val, ctx.device)
@@ -437,7 +467,7 @@ def train_with_join(ctx, model: DDP, tl: timeline.Timeline) -> int:
     batches = my_batches(ctx)
     with Join([model]):
         for x, y in batches:
-            train_step(model, opt, x, y, tl, ctx.device)
+            train_step(model, opt, x, y, tl)
         out_of_data = tl.now()
     tl.add("joined: shadowing the others' all-reduces", "join", out_of_data, tl.now())
     return len(batches)
@@ -454,7 +484,7 @@ def train_with_join_that_throws(ctx) -> str:
     try:
         with model.join(throw_on_early_termination=True):
             for x, y in my_batches(ctx):
-                train_step(model, opt, x, y, quiet, ctx.device)
+                train_step(model, opt, x, y, quiet)
                 done += 1
     except RuntimeError as err:
         return f"raised after {done} steps: {err}"
@@ -472,7 +502,7 @@ def join_collectives_per_step(ctx) -> dict:
         quiet = timeline.Timeline(ctx.rank, enabled=False)
 
         def step(model=model, opt=opt, x=x, y=y, quiet=quiet):
-            return train_step(model, opt, x, y, quiet, ctx.device)
+            return train_step(model, opt, x, y, quiet)
         for _ in range(3):
             step()
         if name == "with_join":
@@ -510,7 +540,7 @@ def sampler_counts(world_size: int) -> dict:
 
 
 def uneven_inputs(ctx) -> dict:
-    tl = timeline.Timeline(ctx.rank)
+    tl = timeline.Timeline(ctx.rank, device=ctx.device)
     model = small_model(ctx)
     dist.barrier()
     tl.start_clock()
@@ -543,7 +573,7 @@ def rank0_only_collective(ctx, args) -> None:
     quiet = timeline.Timeline(ctx.rank, enabled=False)
     for epoch in range(3):
         for x, y in batches[:4]:
-            train_step(model, opt, x, y, quiet, ctx.device)
+            train_step(model, opt, x, y, quiet)
         if ctx.rank == 0:
             val = evaluate_averaged(model.module, batches[:2])  # waits for the others...
             print(f"epoch {epoch}: validation loss {val:.3f}")
@@ -559,45 +589,15 @@ def uneven_without_join(ctx, args) -> None:
     opt = sgd(model)
     quiet = timeline.Timeline(ctx.rank, enabled=False)
     for x, y in my_batches(ctx):
-        train_step(model, opt, x, y, quiet, ctx.device)
+        train_step(model, opt, x, y, quiet)
     dist.barrier()  # everyone done before rank 0 saves the model
     if ctx.rank == 0:
         torch.save(model.module.state_dict(), io.BytesIO())
 # --8<-- [end:no_join]
 
 
-def run_hang_demo(worker, args) -> dict:
-    """Run ``worker`` as its own job with a short timeout, expecting it to fail."""
-    if started_by_torchrun():
-        return {"what_happened": "skipped under torchrun: run the script with python to see it",
-                "why": "under torchrun the processes are the ranks, and a job that hangs on "
-                       "purpose would end the run", "timed_out": None}
-    demo = copy.copy(args)
-    demo.timeout = HANG_TIMEOUT_S
-    start = time.perf_counter()
-    try:
-        ddplab.launch(worker, demo)
-    except ddplab.RankFailed as err:
-        timed_out = "timed out" in str(err).lower()
-        return {"what_happened": (f"timeout after {HANG_TIMEOUT_S:g} s" if timed_out
-                                  else "failed without a timeout"),
-                "error": str(err), "stuck_in": where_it_waited(err.details),
-                "timed_out": timed_out, "timeout_s": HANG_TIMEOUT_S,
-                "seconds_including_startup": time.perf_counter() - start}
-    return {"what_happened": "finished: it did not hang", "timed_out": False,
-            "seconds_including_startup": time.perf_counter() - start}
-
-
-def where_it_waited(details: str) -> str:
-    """The last line of this script in a traceback: where the failing rank was waiting."""
-    lines = details.splitlines()
-    here = [i for i, line in enumerate(lines) if Path(__file__).name in line]
-    if not here or here[-1] + 1 >= len(lines):
-        return "unknown"
-    i = here[-1]
-    function = lines[i].rsplit(" in ", 1)[-1]
-    code = lines[i + 1].split("  #", 1)[0].strip()  # without the comment
-    return f"{function}(): {code}"
+HANG_DEMOS = {"rank0_only_collective": rank0_only_collective,
+              "uneven_without_join": uneven_without_join}
 
 
 # --- the worker --------------------------------------------------------------------------------
@@ -629,89 +629,7 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
     return result if ctx.is_main else None
 
 
-# --- drawing and reporting (rank 0 / the launching process) -------------------------------------
-
-def with_idle(events: list[timeline.Event]) -> list[timeline.Event]:
-    """The events plus one 'idle' span per backward: the bubble, drawn on top."""
-    return events + stragglers.idle_events(events)
-
-
-LEGEND = {"comm": "all-reduce (comm)", "data": "late: injected delay",
-          "idle": "idle: waiting for others", "wait": "waiting (measured by the wrapper)",
-          "eval": "rank 0 only: evaluate + save", "join": "joined: shadowing the others"}
-
-
-def draw_timeline(events, path: Path, title: str, lanes: tuple[str, ...] = ("comm",)) -> None:
-    from ddplab import plotting
-
-    ranks = len({e.rank for e in events})
-    fig, ax = plotting.figure(height=1.0 + 0.4 * ranks * (1 + len(lanes)))
-    on_top = sorted(events, key=lambda e: e.cat in ("wait", "idle"))  # drawn over backward
-    timeline.draw_gantt(ax, on_top, lanes=list(lanes), title=title)
-    ax.set_xlabel("time (ms)")
-    for text in ax.get_legend().get_texts():
-        text.set_text(LEGEND.get(text.get_text(), text.get_text()))
-    plotting.save(fig, path)
-
-
-def draw_straggler(summaries: dict, path: Path) -> None:
-    from ddplab import plotting
-
-    fig, (left, right) = plotting.figure(1, 2, height=3.4)
-    styles = {"native": ("native DDP", plotting.COLORS["native"], "o"),
-              "bucketed": ("BucketedDDP", plotting.COLORS["bucketed"], "s")}
-    for kind, s in summaries.items():
-        label, color, marker = styles[kind]
-        d = s["delay_ms"]
-        left.plot(d, s["step_time_ms"], marker=marker, color=color, label=label)
-        right.plot(d, s["idle_ms_fast_ranks"], marker=marker, color=color,
-                   label=f"{label}, on time ranks")
-        right.plot(d, s["idle_ms_slow_rank"], marker=marker, color=color, linestyle=":",
-                   label=f"{label}, the late rank")
-    native = summaries["native"]
-    d = native["delay_ms"]
-    for ax, key in ((left, "step_time_ms"), (right, "idle_ms_fast_ranks")):
-        base = native[key][0]
-        ax.plot(d, [base + EXPECTED_SLOPE * x for x in d], color=plotting.OKABE_ITO["grey"],
-                linestyle="--", label="expected: slope 1 from d = 0")
-        ax.set_xlabel("delay d injected on one rank (ms per step)")
-    left.set_ylabel("step time, slowest rank (ms)")
-    right.set_ylabel("idle time per step (ms)")
-    left.set_title("Every rank's step gets d ms longer")
-    right.set_title("The on-time ranks wait d ms more")
-    left.legend(fontsize=8)
-    right.legend(fontsize=7)
-    fig.tight_layout()
-    plotting.save(fig, path)
-
-
-def draw_sync_points(bn: dict, path: Path) -> None:
-    """BatchNorm against SyncBatchNorm: step time, the part spent in SyncBN's collectives."""
-    from ddplab import plotting
-
-    fig, ax = plotting.figure(height=2.6)
-    labels = {"bn": "BatchNorm", "syncbn": "SyncBatchNorm"}
-    times = bn["step_time_ms"]
-    in_comm = {"bn": 0.0, "syncbn": bn["syncbn_collectives_ms"] or 0.0}
-    names = list(labels)
-    rest = [times[n] - in_comm[n] for n in names]
-    ax.barh([labels[n] for n in names], rest, color=plotting.COLORS["backward"], height=0.5,
-            label="rest of the step (compute, DDP's overlapped buckets)")
-    ax.barh([labels[n] for n in names], [in_comm[n] for n in names], left=rest,
-            color=plotting.COLORS["comm"], height=0.5,
-            label="inside SyncBatchNorm's blocking all-reduces")
-    for i, n in enumerate(names):
-        calls = sum(bn["collectives_per_step"][n].values())
-        ax.annotate(f" {times[n]:.1f} ms, {calls} collectives per step", (times[n], i),
-                    va="center", fontsize=9)
-    ax.set_xlim(0, max(times.values()) * 1.6)
-    ax.invert_yaxis()
-    ax.set_xlabel("median step time (ms)")
-    ax.set_title("A small CNN with 3 BatchNorm layers, native DDP")
-    ax.grid(axis="y", visible=False)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=2, fontsize=8)
-    plotting.save(fig, path)
-
+# --- numbers and traces from the events (drawing: figures/chapter06.py) -------------------------
 
 def rank0_work_numbers(events, after_step: int = 1) -> dict:
     """rank 0's evaluate+save time, and how long the others then waited in the next step."""
@@ -724,7 +642,20 @@ def rank0_work_numbers(events, after_step: int = 1) -> dict:
             "idle_ms_other_ranks": statistics.fmean(e.duration_ms for e in nxt)}
 
 
+def buckets_in_flight(events: list[timeline.Event]) -> int:
+    """Median over ranks and backward passes: buckets in flight at the last bucket's launch."""
+    counts = []
+    for rank in sorted({e.rank for e in events}):
+        for backward in (e for e in events if e.rank == rank and e.cat == "backward"):
+            inside = [e for e in events if e.rank == rank
+                      and backward.start_ms <= e.start_ms <= backward.end_ms]
+            counts.append(stragglers.in_flight_at_last_launch(inside, rank))
+    return statistics.median_low(counts)   # a count that happened, not a half
+
+
 def write_traces(out: Path, result: dict) -> list[str]:
+    def with_idle(events):
+        return events + stragglers.idle_events(events)
     files = {"trace_native_ddp.json": with_idle(result["timelines"]["native"]),
              "trace_bucketed_ddp.json": result["timelines"]["bucketed"],
              "trace_straggler.json": with_idle(result["bubble"])}
@@ -777,39 +708,24 @@ def main(argv: list[str] | None = None) -> dict | None:
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
         return None
     result = run.result
-    hangs = {"rank0_only_collective": run_hang_demo(rank0_only_collective, args),
-             "uneven_without_join": run_hang_demo(uneven_without_join, args)}
+    hung = {name: hangs.run_hang_demo(demo, args, HANG_TIMEOUT_S)
+            for name, demo in HANG_DEMOS.items()}
     slow = result["slow_rank"]
     sweeps = {kind: summarize_sweep(s, args.delays, slow) for kind, s in result["sweeps"].items()}
     uneven = result["uneven"]
     join_completed = (len(uneven["batches_per_rank"]) == run.provenance["world_size"]
                       and uneven["join_max_abs_diff_params"] == 0.0)
-    no_join = hangs["uneven_without_join"]
+    no_join = hung["uneven_without_join"]
     with ddplab.chapter_output(args.out, CHAPTER) as out:
-        draw_timeline(with_idle(result["timelines"]["native"]), out / "timeline_native.png",
-                      "Native DDP, 3 steps (bucket times from a comm hook)")
-        draw_timeline(result["timelines"]["bucketed"], out / "timeline_bucketed.png",
-                      "BucketedDDP, 3 steps (its own timeline; grey: waiting for buckets)")
-        draw_timeline(with_idle(result["bubble"]), out / "straggler_timeline.png",
-                      f"Rank {slow} is {BUBBLE_DELAY_MS:g} ms late every step (native DDP)")
-        draw_straggler(sweeps, out / "straggler.png")
-        draw_sync_points(result["syncbn"], out / "sync_points.png")
-        draw_timeline(result["syncbn_timeline"], out / "syncbn_timeline.png",
-                      f"SyncBatchNorm, rank {slow} {BUBBLE_DELAY_MS:g} ms late: the others "
-                      "wait in the forward pass")
-        draw_timeline(with_idle(result["rank0_work"]), out / "rank0_work.png",
-                      "Rank 0 evaluates and saves after step 2; the others wait in step 3")
-        draw_timeline(uneven["events"], out / "uneven_join.png",
-                      "Uneven inputs with Join: the rank that runs out shadows the others",
-                      lanes=())
         traces = write_traces(out, result)
         metrics = {
             "straggler": {**sweeps["native"], "slow_rank": slow,
-                          "expected_slope": EXPECTED_SLOPE, "bucketed": sweeps["bucketed"]},
+                          "expected_slope": EXPECTED_SLOPE, "bucketed": sweeps["bucketed"],
+                          "bubble_delay_ms": BUBBLE_DELAY_MS},
             "syncbn": {k: v for k, v in result["syncbn"].items()},
             "sync_points": {"metric_reduction": result["metric"],
                             "rank0_work": rank0_work_numbers(result["rank0_work"]),
-                            "rank0_only_collective": hangs["rank0_only_collective"]},
+                            "rank0_only_collective": hung["rank0_only_collective"]},
             "hook": result["hook"],
             "uneven": {"join_completed": join_completed,
                        "without_join": no_join["what_happened"],
@@ -819,17 +735,23 @@ def main(argv: list[str] | None = None) -> dict | None:
                        "collectives_per_step": result["join_collectives"],
                        "throw_on_early_termination": uneven["throw_on_early_termination"],
                        "sampler": uneven["sampler"]},
-            "timeline_source": ("torch.profiler (profiler_rank*.json) and ddplab.Timeline"
-                                if "profiler_traces" in result else
+            "timeline_source": ("torch.profiler (profiler_rank*.json) and ddplab.Timeline "
+                                "(CUDA events)" if "profiler_traces" in result else
                                 "ddplab.Timeline (host clock, perf_counter)"),
             "buckets_per_step": {kind: len({e.name for e in ev if e.cat == "comm"})
                                  for kind, ev in result["timelines"].items()},
+            "buckets_in_flight_at_last_launch": buckets_in_flight(result["timelines"]["native"]),
             "trace_files": traces,
+            "timelines": {name: [asdict(e) for e in events] for name, events in (
+                *result["timelines"].items(), ("bubble", result["bubble"]),
+                ("syncbn", result["syncbn_timeline"]), ("rank0_work", result["rank0_work"]),
+                ("uneven_join", uneven["events"]))},
         }
+        figures = drawing.draw(metrics, out)
         ddplab.write_results(out, CHAPTER, metrics, run.provenance)
     print(summarize(metrics))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/ (8 figures, {len(traces)} traces, "
-          "results.json); open the traces at https://ui.perfetto.dev")
+    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/ ({len(figures)} figures, "
+          f"{len(traces)} traces, results.json); open the traces at https://ui.perfetto.dev")
     return metrics
 
 

@@ -5,16 +5,18 @@ step when the *slowest* one does.  The others sit idle in the all-reduce: a *bub
 module makes that measurable:
 
 * ``inject_delay``: make one rank late on purpose (a slow data loader, a busier GPU);
-* ``timed_allreduce_hook``: a native-DDP communication hook that averages gradients exactly like
-  DDP's built-in one and records each bucket's all-reduce on a ``Timeline``;
+* ``timed_allreduce_hook``: a native-DDP communication hook that averages each bucket with one
+  all-reduce, as DDP's built-in path does, and records it on a ``Timeline``;
 * ``comm_idle_ms``: from one step's events, the time a rank spent waiting for communication
   after its own gradients were ready;
 * ``fit_line``: the slope of idle time (or step time) against the injected delay;
-* ``count_collectives``: which collectives one step really issues (torch.profiler's view).
+* ``count_collectives``: which collectives one step really issues (torch.profiler's view);
+* ``no_forward_buffer_sync``: DDP's arguments that skip the per-step buffer broadcast.
 """
 
 # No ``from __future__ import annotations`` here: DDP checks a comm hook's annotations, and
 # would reject them as strings.
+import inspect
 import os
 import statistics
 import time
@@ -40,16 +42,25 @@ def inject_delay(delay_ms: float) -> None:
 # --8<-- [end:inject_delay]
 
 
+# How it times, on either clock: the span starts when DDP hands the bucket over and ends in the
+# ``then`` callback, which runs when the all-reduce has completed (gloo: on the backend's thread).
+# On a GPU the timeline's stamps are CUDA events: the first on the stream that computed the
+# gradients, the second in ``then``, whose stream is made to wait for the all-reduce
+# (torch/futures/__init__.py, Future.then) — GPU times, not launch times.
+#
+# Not bit for bit DDP's built-in averaging: without a hook DDP multiplies each gradient by
+# ``1/N`` (rounded) while copying it into the bucket (reducer.cpp, mark_variable_ready_dense);
+# with a hook it copies the gradient unscaled and ``div_(N)`` below divides.  The same bits when
+# N is a power of two (1/N is exact); otherwise they can differ in the last bit.  torch's own
+# ``default_hooks.allreduce_hook`` divides the same way.  (tests/test_stragglers.py)
+
 # --8<-- [start:hook]
 def timed_allreduce_hook(timeline: Timeline) -> Callable:
     """A DDP communication hook: average a bucket with one all-reduce, and time it.
 
     ``ddp.register_comm_hook(None, timed_allreduce_hook(timeline))`` *replaces* DDP's built-in
-    all-reduce (a hook can be registered once, before the first backward).  DDP calls the hook
-    when a bucket's gradients are all ready; the hook must start the communication and return a
-    Future holding the averaged bucket.  The span starts when the bucket is handed to the
-    backend and ends when the all-reduce has completed (the ``then`` callback runs on the
-    backend's thread at that moment; on a GPU it would only mean "enqueued": see the page).
+    all-reduce (once, before the first backward).  DDP calls the hook when a bucket's gradients
+    are all ready; the hook starts the communication and returns a Future of the averaged bucket.
     """
     def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         start = timeline.now()
@@ -69,9 +80,9 @@ def timed_allreduce_hook(timeline: Timeline) -> Callable:
 def time_ddp_pre_forward(ddp: torch.nn.Module, timeline: Timeline) -> None:
     """Record what native DDP does before it runs the module's forward, as a ``comm`` span.
 
-    With ``broadcast_buffers=True`` (the default) and a model with buffers (BatchNorm's running
-    statistics), that is a broadcast from rank 0 in *every* forward: a sync point at the very
-    start of the step.  Two hooks bracket it: one on the DDP wrapper, one on the inner module.
+    By default, for a model with buffers (BatchNorm's running statistics), that is a broadcast
+    from rank 0 in every training forward: a sync point at the very start of the step.  Two
+    hooks bracket it: one on the DDP wrapper, one on the inner module.
     """
     started: list[float] = []
     ddp.register_forward_pre_hook(lambda module, args: started.append(timeline.now()))
@@ -98,6 +109,14 @@ def comm_idle_ms(events: list[Event], rank: int) -> float:
 # --8<-- [end:idle]
 
 
+def in_flight_at_last_launch(events: list[Event], rank: int) -> int:
+    """Buckets still in flight (the last one included) when ``rank`` launched its last bucket
+    in the one backward pass that ``events`` hold: the queue the idle time waits for."""
+    mine = [e for e in events if e.rank == rank and e.cat == "comm"]
+    last = max(e.start_ms for e in mine)
+    return sum(1 for e in mine if e.start_ms <= last < e.end_ms)
+
+
 def idle_events(events: list[Event]) -> list[Event]:
     """One ``idle`` span per rank and backward pass (for drawing the bubble on a Gantt chart)."""
     spans = []
@@ -112,9 +131,13 @@ def idle_events(events: list[Event]) -> list[Event]:
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares ``(slope, intercept)`` of ys against xs."""
-    slope, intercept = statistics.linear_regression(xs, ys)
-    return slope, intercept
+    """A robust ``(slope, intercept)`` of ys against xs (Theil-Sen: the median of the slopes
+    between all pairs of points).  On a shared machine one stalled step can pull a
+    least-squares line far off; a median of pairwise slopes barely moves."""
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i])
+              for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
+    slope = statistics.median(slopes)
+    return slope, statistics.median(y - slope * x for x, y in zip(xs, ys, strict=True))
 
 
 # --8<-- [start:count]
@@ -142,6 +165,29 @@ def count_collectives(step: Callable[[], object]) -> Counter:
     return Counter(e.name.split(":", 1)[1] for e in prof.events()
                    if e.name.startswith(f"{backend}:"))
 # --8<-- [end:count]
+
+
+# --8<-- [start:buffer_sync]
+def no_forward_buffer_sync(ddp_class: type = torch.nn.parallel.DistributedDataParallel) -> dict:
+    """DDP arguments that skip the buffer broadcast before every forward, and only it.
+
+    torch >= 2.13: ``forward_sync_buffers=False``; buffers are still made equal once, at
+    construction.  Older torch has only ``broadcast_buffers=False``, which skips that
+    construction-time sync too (torch 2.13 deprecates it with a FutureWarning for that reason):
+    call ``broadcast_buffers_once`` after wrapping to get the same start.
+    """
+    if "forward_sync_buffers" in inspect.signature(ddp_class.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
+def broadcast_buffers_once(module: torch.nn.Module) -> None:
+    """Copy rank 0's buffers to every rank (what DDP's constructor does for them)."""
+    for buffer in module.buffers():
+        dist.broadcast(buffer, src=0)
+# --8<-- [end:buffer_sync]
+
+
 
 
 @contextmanager

@@ -28,7 +28,7 @@ def _span(timeline: Timeline | None, name: str):
     return timeline.span(name, "comm") if timeline is not None else nullcontext()
 
 
-# --8<-- [start:function]
+# --8<-- [start:forward]
 class _SyncBatchNormFunction(torch.autograd.Function):
     """y = (x - mean) / sqrt(var + eps) * weight + bias, with mean and var over every rank."""
 
@@ -56,7 +56,9 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         ctx.save_for_backward(xhat, weight, invstd.to(x.dtype), n.to(x.dtype))
         ctx.dims, ctx.shape, ctx.group, ctx.timeline = dims, shape, group, timeline
         return xhat * weight.view(shape) + bias.view(shape)
+# --8<-- [end:forward]
 
+    # --8<-- [start:backward]
     @staticmethod
     def backward(ctx, grad_out):
         xhat, weight, invstd, n = ctx.saved_tensors
@@ -72,7 +74,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         grad_x = (weight * invstd).view(shape) * (
             grad_out - mean_dy.view(shape) - xhat * mean_dy_xhat.view(shape))
         return grad_x, grad_weight, grad_bias, None, None, None, None, None, None
-# --8<-- [end:function]
+    # --8<-- [end:backward]
 
 
 class SyncBatchNorm(_BatchNorm):

@@ -4,6 +4,11 @@ Each rank records spans (forward, backward, one bucket's all-reduce, a wait…) 
 clock, started right after a barrier so that all ranks share a time origin to within the
 barrier's skew (microseconds on one machine).  Rank 0 gathers them, draws a Gantt chart, and
 writes a Chrome trace (``chrome://tracing`` / https://ui.perfetto.dev open it).
+
+Which clock: on CPU the host's (``perf_counter``): an op has finished when its call returns.
+On a GPU the host only *queues* kernels, so ``Timeline(rank, device=cuda)`` stamps with CUDA
+events recorded on the current stream instead: each holds the moment the GPU reached that
+point of its queue, and they are turned into milliseconds when the events are read.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 
@@ -33,26 +39,58 @@ class Event:
 
 
 class Timeline:
-    """Spans recorded on one rank, in milliseconds since ``start_clock``."""
+    """Spans recorded on one rank, in milliseconds since ``start_clock``.
 
-    def __init__(self, rank: int, enabled: bool = True):
+    ``device``: a CUDA device makes every stamp a CUDA event (the GPU's clock, see above);
+    otherwise stamps are host times.  Either way ``now()`` returns a stamp to hand to ``add``,
+    and ``events`` holds plain milliseconds.
+    """
+
+    def __init__(self, rank: int, enabled: bool = True, device: torch.device | None = None):
         self.rank = rank
         self.enabled = enabled
-        self.events: list[Event] = []
-        self._origin = time.perf_counter()
+        self.on_gpu = device is not None and torch.device(device).type == "cuda"
+        self._events: list[Event] = []
+        self._pending: list[tuple] = []   # GPU: spans whose CUDA events are not read yet
+        self._origin = _cuda_event() if self.on_gpu else time.perf_counter()
 
     def start_clock(self) -> None:
         """Make *now* time zero; call it right after a barrier, on every rank."""
-        self._origin = time.perf_counter()
-        self.events.clear()
+        self._origin = _cuda_event() if self.on_gpu else time.perf_counter()
+        self._events.clear()
+        self._pending.clear()
 
-    def now(self) -> float:
+    def now(self):
+        """A stamp: milliseconds on CPU; on a GPU a CUDA event recorded on the current stream."""
+        if self.on_gpu:
+            return _cuda_event()
         return (time.perf_counter() - self._origin) * 1e3
 
-    def add(self, name: str, cat: str, start_ms: float, end_ms: float, **args) -> None:
-        """Record a span whose ends were measured elsewhere (e.g. an async op's completion)."""
-        if self.enabled:
-            self.events.append(Event(name, cat, start_ms, end_ms, self.rank, args))
+    def elapsed_ms(self) -> float:
+        """Milliseconds since ``start_clock``, as a number (on a GPU: waits for queued work)."""
+        return self._ms(self.now())
+
+    def add(self, name: str, cat: str, start_ms, end_ms, **args) -> None:
+        """Record a span whose ends were stamped elsewhere (e.g. an async op's completion)."""
+        if not self.enabled:
+            return
+        if self.on_gpu:
+            self._pending.append((name, cat, start_ms, end_ms, args))
+        else:
+            self._events.append(Event(name, cat, start_ms, end_ms, self.rank, args))
+
+    @property
+    def events(self) -> list[Event]:
+        """The spans so far (on a GPU reading them waits until their events have happened)."""
+        for name, cat, start, end, args in self._pending:
+            self._events.append(Event(name, cat, self._ms(start), self._ms(end), self.rank, args))
+        self._pending.clear()
+        return self._events
+
+    @events.setter
+    def events(self, events: list[Event]) -> None:
+        self._pending.clear()
+        self._events = events
 
     @contextmanager
     def span(self, name: str, cat: str, **args) -> Iterator[None]:
@@ -61,6 +99,18 @@ class Timeline:
             yield
         finally:
             self.add(name, cat, start, self.now(), **args)
+
+    def _ms(self, stamp) -> float:
+        if not self.on_gpu:
+            return stamp
+        stamp.synchronize()
+        return self._origin.elapsed_time(stamp)
+
+
+def _cuda_event():
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
 
 def gather_events(timeline: Timeline) -> list[Event] | None:
@@ -96,21 +146,30 @@ def write_chrome_trace(path: Path, events: list[Event]) -> Path:
 
 
 def draw_gantt(ax, events: list[Event], *, lanes: list[str] | None = None,
-               title: str | None = None) -> None:
+               title: str | None = None, stack_lanes: bool = False) -> None:
     """One row per (rank, lane); ``lanes`` are categories drawn on separate rows (the rest
-    share the rank's main row).  Colours come from ``ddplab.plotting.COLORS``."""
+    share the rank's main row).  Colours come from ``ddplab.plotting.COLORS``.
+    ``stack_lanes``: inside a lane, each event name (``bucket 0``, ``bucket 1``…) gets a thin
+    row of its own, so that spans in flight at the same time stay visible side by side."""
     from .plotting import COLORS, OKABE_ITO
 
     lanes = lanes or []
     rows: list[tuple[int, str | None]] = []
     for rank in sorted({e.rank for e in events}):
         rows += [(rank, None)] + [(rank, lane) for lane in lanes]
+    names = {lane: sorted({e.name for e in events if e.cat == lane}, key=_natural)
+             for lane in lanes}
     height = 0.8
     for e in events:
         lane = e.cat if e.cat in lanes else None
-        y = len(rows) - 1 - rows.index((e.rank, lane))
-        ax.broken_barh([(e.start_ms, max(e.duration_ms, 1e-3))], (y - height / 2, height),
-                       color=COLORS.get(e.cat, OKABE_ITO["grey"]), linewidth=0)
+        y, h = len(rows) - 1 - rows.index((e.rank, lane)) - height / 2, height
+        if lane is not None and stack_lanes:
+            h = height / len(names[lane])
+            y += h * (len(names[lane]) - 1 - names[lane].index(e.name))
+        ax.broken_barh([(e.start_ms, max(e.duration_ms, 1e-3))], (y, h),
+                       color=COLORS.get(e.cat, OKABE_ITO["grey"]),
+                       edgecolor="white" if stack_lanes and lane else None,
+                       linewidth=0.5 if stack_lanes and lane else 0)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"rank {r}" + (f" {lane}" if lane else "") for r, lane in reversed(rows)])
     ax.set_xlabel("time since step start (ms)")
@@ -120,6 +179,12 @@ def draw_gantt(ax, events: list[Event], *, lanes: list[str] | None = None,
               ncol=min(len(handles), 6))
     if title:
         ax.set_title(title)
+
+
+def _natural(name: str) -> tuple:
+    """'bucket 10' after 'bucket 9'."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
+                 for part in name.split())
 
 
 def _patch(color: str, label: str):
