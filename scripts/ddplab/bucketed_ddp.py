@@ -57,6 +57,7 @@ def bucket_caps(bucket_cap_mb: float | None) -> tuple[int, int]:
 
 
 # --8<-- [start:assign]
+# --8<-- [start:pack]
 def pack(named_params: NamedParams, caps: list[int]) -> list[NamedParams]:
     """Native DDP's packing rule (reducer.cpp, ``compute_bucket_assignment_by_size``).
 
@@ -78,12 +79,15 @@ def pack(named_params: NamedParams, caps: list[int]) -> list[NamedParams]:
             closed_count[key], members, size = k + 1, [], 0
         open_buckets[key] = (members, size)
     return closed + [members for members, _ in open_buckets.values() if members]
+# --8<-- [end:pack]
 
 
+# --8<-- [start:first_layout]
 def first_iteration_layout(named_params: NamedParams) -> list[NamedParams]:
     """Before native DDP has seen a backward pass: one bucket per dtype and device, parameters
     in definition order (distributed.py passes ``[sys.maxsize]`` as the cap, then reverses)."""
     return list(reversed(pack(named_params, [sys.maxsize])))
+# --8<-- [end:first_layout]
 
 
 def assign_buckets(named_params: NamedParams, cap_bytes: int) -> list[NamedParams]:
@@ -183,11 +187,11 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
 
         for _, param in self.params:
             param.register_post_accumulate_grad_hook(on_grad_ready)
+    # --8<-- [end:init]
 
     def _use_layout(self, groups: list[NamedParams]) -> None:
         self.buckets = [make_bucket(i, group) for i, group in enumerate(groups)]
         self._slot = {p: (b, i) for b in self.buckets for i, p in enumerate(b.params)}
-    # --8<-- [end:init]
 
     # --8<-- [start:forward]
     def forward(self, *args, **kwargs):
@@ -213,6 +217,7 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
     # --8<-- [end:forward]
 
     # --8<-- [start:hook]
+    # --8<-- [start:on_grad_ready]
     def _on_grad_ready(self, param: nn.Parameter) -> None:
         """Autograd calls this once ``param.grad`` holds this pass's gradient."""
         if not self._sync_this_backward:
@@ -232,7 +237,9 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
         self._arrived.append(self._index[param])
         if self.overlap:
             self._launch_full_buckets()
+    # --8<-- [end:on_grad_ready]
 
+    # --8<-- [start:launch]
     def _launch_full_buckets(self) -> None:
         """Start the all-reduce of each full bucket, strictly in bucket order: every rank must
         issue the same collectives in the same order, or ranks would sum different buckets."""
@@ -242,6 +249,7 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
             bucket.work = dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM, async_op=True)
             self.trace.launched(bucket)
             self._next_bucket += 1
+    # --8<-- [end:launch]
     # --8<-- [end:hook]
 
     # --8<-- [start:finish]
@@ -280,6 +288,7 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
             "rank: freeze the unused ones with requires_grad_(False) before wrapping")
 
 
+# --8<-- [start:native_buffer_sync]
 def native_buffer_sync(enabled: bool = True) -> dict:
     """The keyword that turns native DDP's buffer broadcast before each forward on or off.
 
@@ -295,3 +304,4 @@ def native_buffer_sync(enabled: bool = True) -> dict:
     if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
         return {"forward_sync_buffers": enabled}
     return {"broadcast_buffers": enabled}
+# --8<-- [end:native_buffer_sync]

@@ -92,7 +92,9 @@ def average_gradients(model: nn.Module) -> None:
     world_size = dist.get_world_size()
     for param in model.parameters():
         if param.grad is not None:  # frozen, or unused in this step (on every rank, we hope)
-            dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)  # returns when every rank sent
+            # Synchronous: on gloo it returns with the sum; on nccl once it is queued on the
+            # GPU, and the division below is queued after it (time it with CUDA events).
+            dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)
             param.grad /= world_size
 # --8<-- [end:average]
 
