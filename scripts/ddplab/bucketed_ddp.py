@@ -168,7 +168,6 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
         self.module, self.world_size = module, dist.get_world_size()
         self.caps, self.overlap = bucket_caps(bucket_cap_mb), overlap
         self.forward_sync_buffers = forward_sync_buffers
-        self.trace = BucketTrace(timeline)
         self._buffers_to_sync = list(module.buffers())
         broadcast_from_rank0([*module.parameters(), *self._buffers_to_sync])  # same start
 
@@ -188,6 +187,8 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
         for _, param in self.params:
             param.register_post_accumulate_grad_hook(on_grad_ready)
     # --8<-- [end:init]
+        if timeline is not None:  # for the figures: layered on, see bucket_trace.py
+            BucketTrace(timeline).attach(self)
 
     def _use_layout(self, groups: list[NamedParams]) -> None:
         self.buckets = [make_bucket(i, group) for i, group in enumerate(groups)]
@@ -247,7 +248,6 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
                and self.buckets[self._next_bucket].is_full()):
             bucket = self.buckets[self._next_bucket]
             bucket.work = dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM, async_op=True)
-            self.trace.launched(bucket)
             self._next_bucket += 1
     # --8<-- [end:launch]
     # --8<-- [end:hook]
@@ -256,7 +256,6 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
     def _finish_backward(self) -> None:
         """Runs once, after the whole backward pass (the autograd engine calls it)."""
         self._finish_queued = self._sync_this_backward = False  # one forward, one averaging
-        self.trace.waiting()
         try:
             self._check_every_gradient_arrived()
             self._launch_full_buckets()  # with overlap=False: all of them, now
@@ -267,7 +266,6 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
             if not self._rebuilt:
                 self._arrival_order = self._arrived  # the next forward rebuilds the buckets
         finally:
-            self.trace.finished(self.buckets[:self._next_bucket])
             for bucket in self.buckets:
                 bucket.ready.clear()
                 bucket.work = None
