@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -305,6 +306,11 @@ def bucketed_checks(ctx, args) -> dict:
     wrapped = BucketedDDP(model, forward_sync_buffers=False)  # (as native DDP's flag does)
     results["buffers_synced_at_construction_without_forward_sync"] = (
         _differs_from_rank0(wrapped.module) == 0.0)
+    with warnings.catch_warnings(record=True) as caught:  # the current keyword: no warning
+        warnings.simplefilter("always")
+        NativeDDP(mlp(batchnorm=True), **native_buffer_sync(False))
+    results["native_buffer_sync_warnings"] = [str(w.message) for w in caught
+                                              if issubclass(w.category, FutureWarning)]
 
     timeline = Timeline(ctx.rank)
     timed = BucketedDDP(mlp(), 1e-4, timeline=timeline)

@@ -103,6 +103,12 @@ def test_construction_copies_rank0s_parameters_and_buffers(two_ranks):
     assert two_ranks["buffers_synced_at_construction_without_forward_sync"]
 
 
+def test_native_buffer_sync_uses_a_keyword_that_does_not_warn(two_ranks):
+    # torch 2.13 deprecated broadcast_buffers (FutureWarning); native_buffer_sync picks the
+    # keyword the installed DDP has, so the book's runs print no deprecation warning.
+    assert two_ranks["native_buffer_sync_warnings"] == []
+
+
 def test_timeline_records_one_comm_span_per_bucket(two_ranks):
     comm = [e for e in two_ranks["timeline"] if e[1] == "comm"]
     assert [name for name, *_ in comm] == [f"bucket {i}" for i in range(len(comm))]
