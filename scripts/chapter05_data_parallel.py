@@ -45,9 +45,10 @@ CHAPTER = 5
 VARIANTS = ("local", "naive", "bucketed", "native")
 LABELS = {"local": "local (no communication)", "naive": "NaiveDDP", "bucketed": "BucketedDDP",
           "native": "native DDP", "single": "one process, global batch",
-          "no_sync": "BucketedDDP + no_sync"}
+          "no_sync": "BucketedDDP + no_sync",
+          "native_view": "native DDP, gradient_as_bucket_view"}
 SHORT = {"local": "local\n(no comm.)", "naive": "Naive", "bucketed": "Bucketed",
-         "native": "native"}
+         "native": "native", "native_view": "native\nas view"}
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ def build_model(size: Size) -> nn.Module:
 # --- the three wrappers, and one training step for all of them -------------------------------
 
 # --8<-- [start:wrap]
-def wrap(kind: str, model: nn.Module, ctx: ddplab.RankContext, bucket_cap_mb: float):
+def wrap(kind: str, model: nn.Module, ctx: ddplab.RankContext, bucket_cap_mb: float | None):
     """The same model, made data-parallel three ways (or not at all: ``local``)."""
     if kind == "local":
         return model  # every rank trains alone: the cost of a step without communication
@@ -99,7 +100,8 @@ def wrap(kind: str, model: nn.Module, ctx: ddplab.RankContext, bucket_cap_mb: fl
     if kind == "bucketed":
         return BucketedDDP(model, bucket_cap_mb=bucket_cap_mb)
     gpu = [ctx.local_rank] if ctx.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=gpu, bucket_cap_mb=bucket_cap_mb)
+    return DistributedDataParallel(model, device_ids=gpu, bucket_cap_mb=bucket_cap_mb,
+                                   gradient_as_bucket_view=kind == "native_view")
 # --8<-- [end:wrap]
 
 
@@ -276,13 +278,19 @@ def stepper(model, batches):
     return step
 
 
-def timed_sync(naive: NaiveDDP, record: list[float]) -> None:
-    """Time NaiveDDP's communication on its own (it is a separate call after backward)."""
+def timed_sync(naive: NaiveDDP, record: list[float], device: torch.device) -> None:
+    """Time NaiveDDP's communication on its own (it is a separate call after backward).
+
+    On nccl, ``all_reduce`` returns once the collective is queued on the GPU, not when it is
+    done: without the synchronize calls this would time the launches.  On CPU they do nothing.
+    """
     sync = naive.sync_gradients
 
     def timed():
+        timing.synchronize(device)  # backward's queued GPU work is not part of the sync
         start = time.perf_counter()
         sync()
+        timing.synchronize(device)  # until the last all-reduce has really finished
         record.append((time.perf_counter() - start) * 1e3)
     naive.sync_gradients = timed
 
@@ -293,7 +301,7 @@ def time_variants(ctx, model: nn.Module, batches, kinds, cap_mb: float, rounds: 
     models = {kind: wrap(kind, copy.deepcopy(model), ctx, cap_mb) for kind in kinds}
     naive_sync_ms: list[float] = []
     if "naive" in models:
-        timed_sync(models["naive"], naive_sync_ms)
+        timed_sync(models["naive"], naive_sync_ms, ctx.device)
     steps = {kind: stepper(m, batches) for kind, m in models.items()}
     timing.compare(steps, rounds=0, warmup=3, device=ctx.device)  # warm-up only
     naive_sync_ms.clear()
@@ -312,17 +320,16 @@ def time_variants(ctx, model: nn.Module, batches, kinds, cap_mb: float, rounds: 
 
 
 def native_bucket_bytes(ddp: DistributedDataParallel) -> list[int] | None:
-    """Native DDP's bucket sizes after its first-iteration rebuild (from its logging data)."""
-    try:
-        data = ddp._get_ddp_logging_data()
-        sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
-        return [int(s) for s in str(sizes).split(",")]
-    except (AttributeError, RuntimeError, ValueError):  # a private API: may change
+    """Native DDP's bucket sizes now (after the first iteration: the rebuilt ones)."""
+    try:  # a private API, which may change: then the page says "unknown"
+        buckets = ddp.reducer._get_zeros_like_grad_buckets()
+        return [b.buffer().numel() * b.buffer().element_size() for b in buckets]
+    except (AttributeError, RuntimeError):
         return None
 
 
 def allreduce_ms(numel: int, device: torch.device, repeats: int) -> float:
-    """Median time of one blocking all-reduce of ``numel`` floats."""
+    """Median time of one all-reduce of ``numel`` floats (to completion, on a GPU too)."""
     t = torch.zeros(numel, device=device)
     samples = timing.time_steps(lambda: dist.all_reduce(t), steps=repeats, warmup=2,
                                 device=device)
@@ -363,25 +370,67 @@ def measure_speed(ctx, args, model: nn.Module, train_set) -> dict:
     }
 
 
-def measure_memory(ctx, args, model: nn.Module, train_set) -> dict:
-    """Peak memory each variant adds on this rank: model copy, gradients, buckets, optimizer
-    state and activations of a few steps (RSS growth on CPU, allocator peak on GPU)."""
-    batches = rank_batches(train_set, ctx, SIZES[args.size].batch, count=3)
-    peaks = {}
-    for kind in ("local", *VARIANTS):  # the first run only warms up (one-off allocations)
-        with PeakMemory(ctx.device) as peak:
-            step = stepper(wrap(kind, copy.deepcopy(model), ctx, args.bucket_cap_mb), batches)
-            for _ in batches:
+MEMORY_VARIANTS = (*VARIANTS, "native_view")  # native_view: gradient_as_bucket_view=True
+SETUP_STEPS, STEADY_STEPS = 2, 3  # native rebuilds its buckets in the 2nd step's forward
+
+
+def memory_worker(ctx: ddplab.RankContext, args) -> dict | None:
+    """Peak memory each variant adds on this rank, in two phases, both above the level before
+    the variant was built: *setup* (wrapping, and the first two steps, which include native
+    DDP's bucket rebuild) and *steady state* (the steps after it, with the high-water mark
+    reset, so setup's temporary copies do not count).  RSS on CPU, allocator peak on GPU.
+
+    Each variant runs in a process of its own (``args.memory_variants`` holds one), so that no
+    variant inherits the allocator's state, cached blocks or heap, from another; --quick runs
+    them all in one process to save launches, each after the previous one was freed.
+    """
+    size = SIZES[args.size]
+    train_set, _ = make_task(size, ctx.quick)
+    torch.manual_seed(ctx.seed)
+    model = build_model(size).to(ctx.device)
+    batches = rank_batches(train_set, ctx, size.batch, count=STEADY_STEPS)
+    warm_up = stepper(wrap("naive", copy.deepcopy(model), ctx, None), batches)
+    warm_up()  # one-off allocations (thread pools, autograd engine, gloo) outside the figures
+    del warm_up
+    peaks = []
+    for kind in args.memory_variants:
+        with PeakMemory(ctx.device) as setup:
+            wrapped = wrap(kind, copy.deepcopy(model), ctx, args.bucket_cap_mb)
+            step = stepper(wrapped, batches)
+            for _ in range(SETUP_STEPS):
                 step()
-            del step
-        peaks[kind] = peak.mib
-    if any(v is None for v in peaks.values()):
-        return {"peak_memory_mb": dict.fromkeys(VARIANTS),
-                "memory_ratio_to_native": dict.fromkeys(VARIANTS)}
-    worst = dict(zip(VARIANTS, max_over_ranks(
-        torch.tensor([peaks[k] for k in VARIANTS], dtype=torch.float64)).tolist(), strict=True))
-    return {"peak_memory_mb": worst,
-            "memory_ratio_to_native": {k: worst[k] / worst["native"] for k in VARIANTS}}
+        with PeakMemory(ctx.device, since=setup) as steady:  # above the same baseline
+            for _ in range(STEADY_STEPS):
+                step()
+        del step, wrapped
+        peaks += [setup.mib, steady.mib]
+    if any(v is None for v in peaks):
+        return None
+    worst = max_over_ranks(torch.tensor(peaks, dtype=torch.float64)).tolist()
+    if not ctx.is_main:
+        return None
+    return {kind: {"setup": worst[2 * i], "steady": worst[2 * i + 1]}
+            for i, kind in enumerate(args.memory_variants)}
+
+
+def measure_memory(args, main_run: ddplab.Run, main_result: dict) -> dict:
+    """Launch ``memory_worker``: one fresh process group per variant (all in one with --quick;
+    under torchrun, which cannot start new processes, the main run measured them in-process)."""
+    fresh = not args.quick and main_run.provenance["launcher"] != "torchrun"
+    peaks = main_result.pop("memory_in_process", None) or {}
+    if main_run.provenance["launcher"] != "torchrun":
+        for kinds in [(kind,) for kind in MEMORY_VARIANTS] if fresh else [MEMORY_VARIANTS]:
+            sub = argparse.Namespace(**{**vars(args), "memory_variants": kinds})
+            peaks.update(ddplab.launch(memory_worker, sub).result or {})
+    if set(peaks) != set(MEMORY_VARIANTS):  # no RSS high-water mark here (not Linux)
+        return {"peak_memory_mb": None}
+    native = peaks["native"]
+    return {"peak_memory_mb": peaks,
+            "memory_ratio_to_native": {k: {phase: v[phase] / native[phase] if native[phase]
+                                           else None for phase in v}
+                                       for k, v in peaks.items()},
+            "memory": {"setup_steps": SETUP_STEPS, "steady_steps": STEADY_STEPS,
+                       "fresh_process_per_variant": fresh}}
 
 
 def worker(ctx: ddplab.RankContext, args) -> dict | None:
@@ -395,7 +444,10 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
                         "parameter_tensors": len(list(model.parameters()))}}
     result.update(train_side_by_side(ctx, args, model, train_set, test_set))
     result.update(measure_speed(ctx, args, model, train_set))
-    result.update(measure_memory(ctx, args, model, train_set))
+    if ctx.launcher == "torchrun":  # the processes are the ranks: measure memory in them
+        del model
+        result["memory_in_process"] = memory_worker(
+            ctx, argparse.Namespace(**{**vars(args), "memory_variants": MEMORY_VARIANTS}))
     return result if ctx.is_main else None
 
 
@@ -556,20 +608,26 @@ def draw_speed(result: dict, path) -> None:
     ax_time.tick_params(axis="x", labelsize=8)
 
     memory = result["peak_memory_mb"]
-    kinds = [k for k in VARIANTS if memory.get(k) is not None]
-    if kinds:
-        bars = ax_mem.bar([SHORT[k] for k in kinds], [memory[k] for k in kinds],
-                          color=[plotting.COLORS[k] for k in kinds])
-        for bar, kind in zip(bars, kinds, strict=True):
-            ax_mem.annotate(f"{memory[kind]:.0f}", (bar.get_x() + bar.get_width() / 2,
-                            bar.get_height()), xytext=(0, 2), textcoords="offset points",
-                            ha="center", va="bottom", fontsize=8)
-        ax_mem.set_ylim(0, max(memory[k] for k in kinds) * 1.2)
+    if memory:
+        kinds = list(MEMORY_VARIANTS)
+        x = range(len(kinds))
+        for offset, phase, hatch in ((-0.2, "setup", "//"), (0.2, "steady", "")):
+            values = [memory[k][phase] for k in kinds]
+            bars = ax_mem.bar([i + offset for i in x], values, width=0.4, hatch=hatch,
+                              color=[plotting.COLORS[k.split("_")[0]] for k in kinds],
+                              edgecolor="white")
+            for bar, value in zip(bars, values, strict=True):
+                ax_mem.annotate(f"{value:.0f}", (bar.get_x() + bar.get_width() / 2, value),
+                                xytext=(0, 2), textcoords="offset points", ha="center",
+                                va="bottom", fontsize=7)
+        ax_mem.set_xticks(list(x), [SHORT[k] for k in kinds])
+        top = max(v for k in kinds for v in memory[k].values())
+        ax_mem.set_ylim(0, top * 1.25)
     else:
         ax_mem.text(0.5, 0.5, "peak memory needs Linux /proc\nor a GPU", ha="center",
                     transform=ax_mem.transAxes)
     ax_mem.set_ylabel("peak memory added (MiB)")
-    ax_mem.set_title("Peak memory per rank")
+    ax_mem.set_title("Peak memory per rank\n(hatched: setup; plain: steady state)")
     ax_mem.tick_params(axis="x", labelsize=8)
     plotting.save(fig, path)
 
@@ -700,9 +758,10 @@ def summarize(r: dict, prov: dict) -> str:
                  f"{why['gradient_mib']:.1f} MiB gradient in one message "
                  f"{why['whole_gradient_allreduce_ms']:.1f} ms")
     mem = r["peak_memory_mb"]
-    if mem.get("native"):
-        lines.append("Peak memory added per rank: " + ", ".join(
-            f"{LABELS[k]} {mem[k]:.0f} MiB" for k in ("naive", "bucketed", "native")))
+    if mem:
+        lines.append("Peak memory added per rank, setup | steady state (MiB): " + ", ".join(
+            f"{LABELS[k]} {mem[k]['setup']:.0f} | {mem[k]['steady']:.0f}"
+            for k in MEMORY_VARIANTS))
     scaling = r["scaling"]
     if "points" in scaling:
         lines.append("Throughput (samples/s, native | bucketed): " + ", ".join(
@@ -735,6 +794,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
         return None
     result = run.result
+    result.update(measure_memory(args, run, result))
     result["scaling"] = sweep_world_sizes(args, run, result)
     result["sharding"] = sharding_demo()
     with ddplab.chapter_output(args.out, CHAPTER) as out:

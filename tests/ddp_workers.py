@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -16,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as NativeDDP
 from torch.utils.checkpoint import checkpoint
 
 from ddplab import BucketedDDP, NaiveDDP
+from ddplab.bucketed_ddp import assign_buckets, native_buffer_sync
 from ddplab.timeline import Timeline
 
 
@@ -114,26 +116,67 @@ def max_over_ranks(value: float) -> float:
     return t.item()
 
 
-def against_native(make_model, wrap, steps: int = 3, accumulate: int = 1,
+class Wide(nn.Sequential):
+    """Over 2 MiB of gradients: native's default layout (1 MiB first bucket, then 25 MiB) shows."""
+
+    def __init__(self):
+        super().__init__(nn.Linear(8, 256), nn.ReLU(), nn.Linear(256, 1024), nn.ReLU(),
+                         nn.Linear(1024, 256), nn.ReLU(), nn.Linear(256, 3))
+
+
+class Mixed(nn.Module):
+    """A float64 layer between float32 ones: buckets hold one dtype, one open bucket per dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.middle, self.head = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 3)
+        self.middle.double()
+
+    def forward(self, x):
+        h = torch.relu(self.first(x))
+        return self.head(torch.relu(self.middle(h.double())).float())
+
+
+def train_pair(make_model, wrap_ours, native_kwargs: dict, steps: int = 4, accumulate: int = 1):
+    """Ours and native DDP from the same start, trained on the same data: (ours, native),
+    plus both bucket layouts before the first step."""
+    torch.manual_seed(0)
+    model = make_model()
+    data = batches(dist.get_rank(), steps)
+    ours, native = wrap_ours(copy.deepcopy(model)), NativeDDP(copy.deepcopy(model),
+                                                              **native_kwargs)
+    layouts = {"first": (layout_of(ours), native_layout(native))}
+    for wrapped in (ours, native):
+        train(wrapped, data, accumulate)
+    layouts["rebuilt"] = (layout_of(ours), native_layout(native))
+    return ours, native, data, layouts
+
+
+def against_native(make_model, wrap, steps: int = 4, accumulate: int = 1,
                    native_kwargs: dict | None = None, evaluate: bool = False) -> float:
     """Train ``wrap(model)`` and native DDP from the same start on the same data: max |Δ|
     of parameters and buffers on every rank (and, with ``evaluate``, of an eval-mode output
     under no_grad after training, which BatchNorm computes from its running statistics)."""
-    torch.manual_seed(0)
-    model = make_model()
-    data = batches(dist.get_rank(), steps)
-    wrapped = [wrap(copy.deepcopy(model)),
-               NativeDDP(copy.deepcopy(model), **(native_kwargs or {}))]
-    ours, native = (train(w, data, accumulate) for w in wrapped)
-    worst = max_diff(ours, native)
+    ours, native, data, _ = train_pair(make_model, wrap, native_kwargs or {}, steps, accumulate)
+    worst = max_diff(ours.module, native.module)
     if evaluate:
         outputs = []
-        for w in wrapped:
+        for w in (ours, native):
             w.eval()
             with torch.no_grad():
                 outputs.append(w(data[0][0]))
         worst = max(worst, (outputs[0] - outputs[1]).abs().max().item())
     return max_over_ranks(worst)
+
+
+def layout_of(wrapped) -> list[list[str]] | None:
+    return [list(b.names) for b in wrapped.buckets] if isinstance(wrapped, BucketedDDP) else None
+
+
+def native_layout(ddp: NativeDDP) -> list[list[str]]:
+    """Native DDP's buckets, parameter names in bucket order (a private API, fine in a test)."""
+    names = {p: n for n, p in ddp.module.named_parameters()}
+    return [[names[p] for p in b.parameters()] for b in ddp.reducer._get_zeros_like_grad_buckets()]
 
 
 def catch(fn) -> dict:
@@ -180,32 +223,94 @@ def naive_checks(ctx, args) -> dict:
     return results if ctx.is_main else None
 
 
-# --- BucketedDDP --------------------------------------------------------------------------------
+# --- BucketedDDP ----------------------------------------------------------------------------------
+
+# Every case compares BucketedDDP with native DDP at its defaults — gradient_as_bucket_view=False,
+# no comm hook, find_unused_parameters=False, forward_sync_buffers=True — and the same
+# bucket_cap_mb (None: native's default, 1 MiB first bucket then 25 MiB).  Those settings make
+# native multiply each gradient by 1/N while copying it into its bucket, as BucketedDDP does.
+# name: (model, bucket_cap_mb, micro-batches, evaluate after training, extra BucketedDDP kwargs)
+BITWISE_CASES = {
+    "default_cap": (mlp, None, 1, False, {}),
+    "wide_default_cap": (Wide, None, 1, False, {}),
+    "wide_cap_1_mib": (Wide, 1.0, 1, False, {}),
+    "tiny_buckets_0.001_mib": (mlp, 0.001, 1, False, {}),
+    "one_parameter_per_bucket": (mlp, 1e-9, 1, False, {}),
+    "huge_buckets": (mlp, 1e6, 1, False, {}),
+    "frozen_first_layer": (lambda: mlp(frozen_first=True), 0.001, 1, False, {}),
+    "tied_weights": (Tied, 0.001, 1, False, {}),
+    "batchnorm": (lambda: mlp(batchnorm=True), None, 1, True, {}),
+    "batchnorm_no_sync": (lambda: mlp(batchnorm=True), 0.001, 3, True, {}),
+    "batchnorm_forward_sync_off": (lambda: mlp(batchnorm=True), None, 1, True,
+                                   {"forward_sync_buffers": False}),
+    "no_sync": (mlp, None, 3, False, {}),
+    "no_sync_tiny_buckets": (mlp, 0.001, 2, False, {}),
+    "no_overlap": (mlp, 0.001, 1, False, {"overlap": False}),
+    "mixed_dtypes": (Mixed, None, 1, False, {}),
+    "mixed_dtypes_tiny_buckets": (Mixed, 0.001, 1, False, {}),
+}
+
+
+class ReverseOrderLayout(BucketedDDP):
+    """Buckets in reverse definition order from the start, never rebuilt."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__(module, 0.001)
+        self._use_layout(assign_buckets(self.params, self.caps[1]))
+        self._rebuilt = True
+
+
+def bitwise_cases(ctx, args) -> dict:
+    """Every case of BITWISE_CASES: max |Δ| of parameters and buffers against native DDP (and of
+    an eval-mode output), and whether the bucket layouts agree (first iteration, rebuilt)."""
+    results = {}
+    for name, (make_model, cap, micro, evaluate, extra) in BITWISE_CASES.items():
+        native_kwargs = {"bucket_cap_mb": cap}
+        if "forward_sync_buffers" in extra:
+            native_kwargs.update(native_buffer_sync(extra["forward_sync_buffers"]))
+        ours, native, data, layouts = train_pair(
+            make_model, lambda m, cap=cap, extra=extra: BucketedDDP(m, cap, **extra),
+            native_kwargs, accumulate=micro)
+        worst = max_diff(ours.module, native.module)
+        if evaluate:
+            outputs = []
+            for w in (ours, native):
+                w.eval()
+                with torch.no_grad():
+                    outputs.append(w(data[0][0]))
+            worst = max(worst, (outputs[0] - outputs[1]).abs().max().item())
+        results[name] = {
+            "max_diff": max_over_ranks(worst),
+            "layouts": {when: {"ours": a, "native": b} for when, (a, b) in layouts.items()},
+            "layouts_differ_on_some_rank": max_over_ranks(float(any(
+                a != b for a, b in layouts.values()))),
+        }
+    # The control: the right sums in the wrong places.  Reverse definition order, never
+    # rebuilt (BucketedDDP's layout before it copied native's): from 3 ranks on, some bits differ.
+    results["control_reverse_order_layout"] = {
+        "max_diff": against_native(mlp, ReverseOrderLayout, native_kwargs={"bucket_cap_mb": 0.001})}
+    # NaiveDDP: one message per parameter, divided after the sum (see test_naive_ddp.py).
+    results["naive"] = {"max_diff": against_native(mlp, NaiveDDP)}
+    results["naive_no_sync"] = {"max_diff": against_native(mlp, NaiveDDP, accumulate=2)}
+    return results if ctx.is_main else None
+
 
 def bucketed_checks(ctx, args) -> dict:
-    results = {
-        "vs_native": against_native(mlp, BucketedDDP),
-        "vs_native_no_overlap": against_native(mlp, lambda m: BucketedDDP(m, overlap=False)),
-        "vs_native_tiny_buckets": against_native(mlp, lambda m: BucketedDDP(m, 1e-9)),
-        "vs_native_one_bucket": against_native(mlp, lambda m: BucketedDDP(m, 1e6)),
-        "vs_native_frozen": against_native(lambda: mlp(frozen_first=True), BucketedDDP),
-        "vs_native_batchnorm": against_native(lambda: mlp(batchnorm=True), BucketedDDP,
-                                              evaluate=True),
-        "vs_native_batchnorm_no_sync": against_native(lambda: mlp(batchnorm=True), BucketedDDP,
-                                                      accumulate=3, evaluate=True),
-        "vs_native_no_sync": against_native(mlp, BucketedDDP, accumulate=3),
-        "vs_native_used_twice": against_native(Tied, lambda m: BucketedDDP(m, 1e-9)),
-    }
-    torch.manual_seed(0)
-    results["buckets"] = {
-        "tiny": [b.names for b in BucketedDDP(mlp(), 1e-9).buckets],
-        "one": [b.names for b in BucketedDDP(mlp(), 1e6).buckets],
-        "frozen": [b.names for b in BucketedDDP(mlp(frozen_first=True)).buckets],
-    }
-
+    """BucketedDDP's behaviour beyond the numbers: start, timeline, errors (2 ranks)."""
+    results = {}
     torch.manual_seed(ctx.rank)  # a different model on every rank: BucketedDDP copies rank 0's
     wrapped = BucketedDDP(mlp(batchnorm=True))
     results["replicas_equal_after_wrap"] = _differs_from_rank0(wrapped.module) == 0.0
+    model = mlp(batchnorm=True)
+    model[1].running_mean.fill_(ctx.rank)  # rank-local statistics: copied from rank 0 anyway
+    wrapped = BucketedDDP(model, forward_sync_buffers=False)  # (as native DDP's flag does)
+    results["buffers_synced_at_construction_without_forward_sync"] = (
+        _differs_from_rank0(wrapped.module) == 0.0)
+    with warnings.catch_warnings(record=True) as caught:  # the current keyword: no warning
+        warnings.simplefilter("always")
+        NativeDDP(mlp(batchnorm=True), **native_buffer_sync(False))
+    results["native_buffer_sync_warnings"] = [str(w.message) for w in caught
+                                              if issubclass(w.category, FutureWarning)]
 
     timeline = Timeline(ctx.rank)
     timed = BucketedDDP(mlp(), 1e-4, timeline=timeline)
@@ -255,15 +360,6 @@ def _differs_from_rank0(module: nn.Module) -> float:
         dist.broadcast(rank0s, src=0)
         worst = max(worst, (t.double() - rank0s.double()).abs().max().item())
     return max_over_ranks(worst)
-
-
-def equivalence_only(ctx, args) -> dict:
-    """For other world sizes: both wrappers against native, plain and with accumulation."""
-    results = {"naive": against_native(mlp, NaiveDDP),
-               "bucketed": against_native(mlp, BucketedDDP),
-               "bucketed_tiny_buckets": against_native(mlp, lambda m: BucketedDDP(m, 1e-9)),
-               "bucketed_no_sync": against_native(mlp, BucketedDDP, accumulate=2)}
-    return results if ctx.is_main else None
 
 
 def unused_on_rank0_only(ctx, args) -> None:

@@ -1,9 +1,12 @@
 """NaiveDDP against native DistributedDataParallel, on gloo CPU ranks.
 
-Tolerance: with 2 ranks every gradient element is a + b, and IEEE addition is commutative, so
-NaiveDDP's (a + b) / 2 and native's a/2 + b/2 are bit-for-bit equal (halving is exact).  With 3
-ranks the sum depends on the order gloo adds the three values in, and x / 3 differs from
-x * (1/3) in the last bit: the results agree to float32 rounding, not bit for bit.
+With 2 ranks every gradient element is a + b, and IEEE addition is commutative, so NaiveDDP's
+(a + b) / 2 and native's a/2 + b/2 are bit-for-bit equal (halving is exact).  With 3 ranks or
+more NaiveDDP cannot be bitwise equal to native DDP: each parameter is its own message, so an
+element's N terms are added in an order set by its offset in *that* message, not in native's
+bucket; and (a + b + c) / 3 rounds differently from a·fl(1/3) + b·fl(1/3) + c·fl(1/3).  They
+agree to float32 rounding: tests/test_bucketed_ddp.py checks that bound at 3 and 4 ranks, in the
+same launch as the bitwise cases.
 """
 
 from __future__ import annotations
@@ -54,8 +57,3 @@ def test_no_sync_skips_communication_and_restores_the_switch(two_ranks):
 def test_it_behaves_like_the_wrapped_module(two_ranks):
     assert two_ranks["eval_reaches_module"]
     assert two_ranks["forward_delegates"]
-
-
-def test_three_ranks_agree_to_float_rounding(tmp_path):
-    result = launch(ddp_workers.equivalence_only, 3, tmp_path)
-    assert result["naive"] < 1e-6

@@ -9,6 +9,7 @@
     plotting.py  the book's figure style (imports matplotlib: import it where you draw)
     naive_ddp.py     NaiveDDP: after backward, one all-reduce per parameter (the tutorials' way)
     bucketed_ddp.py  BucketedDDP: buckets all-reduced during backward (native DDP's design)
+    bucket_trace.py  BucketedDDP's buckets on a timeline (layered on, not woven in)
     ring.py          ring_all_reduce from send/recv (and a naive all-reduce through rank 0)
     bugs/            chapter 08's bug lab: real DDP failures as broken/fixed function pairs
 """

@@ -2,30 +2,33 @@
 
 Four ideas, each a few lines below:
 
-1. **Same start.**  Rank 0's parameters and buffers are copied to every rank at construction,
-   and its buffers (BatchNorm statistics) again at the start of a forward that follows a
-   training forward (native DDP's ``broadcast_buffers=True`` rule).
-2. **Buckets.**  Gradients are packed, in *reverse* parameter order (roughly the order backward
-   produces them), into flat buffers of up to ``bucket_cap_mb`` MiB, allocated once.  One
-   all-reduce per bucket instead of one per parameter: fewer, larger messages.
-3. **Overlap.**  A hook on every parameter copies its gradient into its bucket the moment the
-   gradient is accumulated; a full bucket's all-reduce starts *asynchronously* while backward
-   goes on computing earlier layers' gradients.  Buckets are launched strictly in index order,
-   so every rank issues the same collectives in the same order.
-4. **Done when backward returns.**  The first hook of a backward pass queues a callback on the
-   autograd engine; it runs when the whole backward is finished, waits for the buckets, and
-   copies the averaged gradients back into ``param.grad``.  The training loop is the same as
-   with native DDP: ``loss.backward(); optimizer.step()``.
+1. **Same start.**  Rank 0's parameters and buffers are copied to every rank at construction;
+   its buffers (BatchNorm statistics) again before a forward that follows a training forward
+   (native DDP's ``forward_sync_buffers=True``, the default).
+2. **Buckets.**  Gradients are packed into a few flat buffers and each one is all-reduced as one
+   message: fewer, larger messages.  The layout is native DDP's, exactly: the first iteration
+   uses one bucket per dtype and device, in definition order; after it, the buckets are rebuilt
+   in the order the gradients really arrived, capped at ``bucket_cap_mb`` (the first one at
+   1 MiB when the cap is left at its default, ``None``).
+3. **Overlap.**  A hook on every parameter copies its gradient, times 1/N, into its bucket the
+   moment the gradient is accumulated; a full bucket's all-reduce starts *asynchronously* while
+   backward goes on.  Buckets are launched strictly in index order, so every rank issues the same
+   collectives in the same order.
+4. **Done when backward returns.**  A callback that the autograd engine runs after the whole
+   backward pass waits for the buckets and copies the averages back into ``param.grad``.
 
-Read it next to Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel
-Training" (VLDB 2020, arXiv:2006.15704) and torch/csrc/distributed/c10d/reducer.cpp.  Native DDP
-does more: one bucket for the whole first iteration, then buckets rebuilt in the order the
-gradients really arrived (the first one capped at 1 MiB when ``bucket_cap_mb`` is left unset),
-unused-parameter search, comm hooks, mixed precision.
+Why the exact layout matters: a ring all-reduce over 3 or more ranks adds an element's
+contributions in an order that depends on where the element sits in the message.  With the same
+layout as native DDP, every gradient sits at the same offset and gets the same bits, at any world
+size.  Sources: torch/nn/parallel/distributed.py (``_BucketCapacityConfig``, ``_pre_forward``)
+and torch/csrc/distributed/c10d/reducer.cpp (``compute_bucket_assignment_by_size``,
+``rebuild_buckets``, ``mark_variable_ready_dense``); Li et al., VLDB 2020, arXiv:2006.15704.
+Native DDP does more: unused-parameter search, comm hooks, mixed precision, Join.
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 from dataclasses import dataclass, field
 
@@ -33,10 +36,64 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .naive_ddp import GradSyncSwitch, require_process_group
+from .bucket_trace import BucketTrace
+from .naive_ddp import GradSyncSwitch, module_device, require_process_group
 from .timeline import Timeline
 
 MiB = 2**20
+DEFAULT_CAP_MB = 25  # native's bucket_cap_mb when left at None
+FIRST_BUCKET_BYTES = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", MiB)  # 1 MiB in torch 2.13
+
+NamedParams = list[tuple[str, nn.Parameter]]
+
+
+def bucket_caps(bucket_cap_mb: float | None) -> tuple[int, int]:
+    """(first bucket's cap, every later bucket's cap) in bytes, as native DDP computes them
+    (distributed.py, ``_BucketCapacityConfig.create``): a small first bucket only at the default."""
+    if bucket_cap_mb is None:
+        return FIRST_BUCKET_BYTES, DEFAULT_CAP_MB * MiB
+    cap = int(bucket_cap_mb * MiB)
+    return cap, cap
+
+
+# --8<-- [start:assign]
+# --8<-- [start:pack]
+def pack(named_params: NamedParams, caps: list[int]) -> list[NamedParams]:
+    """Native DDP's packing rule (reducer.cpp, ``compute_bucket_assignment_by_size``).
+
+    Parameters are taken in the given order.  Each (dtype, device) has one open bucket; a
+    bucket closes once it holds ``caps[k]`` bytes or more, where k counts the buckets already
+    closed for that dtype (the last cap repeats).  A parameter is never split, so a bucket can
+    end a little over its cap.  Buckets still open at the end come last.
+    """
+    closed: list[NamedParams] = []
+    open_buckets: dict[tuple, tuple[NamedParams, int]] = {}  # key -> (params, bytes)
+    closed_count: dict[tuple, int] = {}
+    for name, param in named_params:
+        key = (param.dtype, param.device)
+        members, size = open_buckets.get(key, ([], 0))
+        members, size = [*members, (name, param)], size + param.numel() * param.element_size()
+        k = closed_count.get(key, 0)
+        if size >= caps[min(k, len(caps) - 1)]:
+            closed.append(members)
+            closed_count[key], members, size = k + 1, [], 0
+        open_buckets[key] = (members, size)
+    return closed + [members for members, _ in open_buckets.values() if members]
+# --8<-- [end:pack]
+
+
+# --8<-- [start:first_layout]
+def first_iteration_layout(named_params: NamedParams) -> list[NamedParams]:
+    """Before native DDP has seen a backward pass: one bucket per dtype and device, parameters
+    in definition order (distributed.py passes ``[sys.maxsize]`` as the cap, then reverses)."""
+    return list(reversed(pack(named_params, [sys.maxsize])))
+# --8<-- [end:first_layout]
+
+
+def assign_buckets(named_params: NamedParams, cap_bytes: int) -> list[NamedParams]:
+    """Buckets for the order backward *probably* produces gradients: the reverse of definition."""
+    return pack(list(reversed(named_params)), [cap_bytes])
+# --8<-- [end:assign]
 
 
 # --8<-- [start:bucket]
@@ -51,8 +108,6 @@ class Bucket:
     views: list[torch.Tensor]          # views[i]: params[i]'s slice of flat, shaped like it
     ready: set[int] = field(default_factory=set)  # which params' gradients are in, this pass
     work: dist.Work | None = None      # the in-flight async all-reduce
-    launched_ms: float = 0.0           # for the timeline
-    done_ms: float | None = None
 
     @property
     def nbytes(self) -> int:
@@ -62,51 +117,27 @@ class Bucket:
         return len(self.ready) == len(self.params)
 
 
-def make_bucket(index: int, named_params: list[tuple[str, nn.Parameter]]) -> Bucket:
+def make_bucket(index: int, named_params: NamedParams) -> Bucket:
     names, params = zip(*named_params, strict=True)
     flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype,
                        device=params[0].device)
     views, offset = [], 0
-    for p in params:
+    for p in params:  # the offset of each gradient in the message: the order matters
         views.append(flat[offset:offset + p.numel()].view_as(p))
         offset += p.numel()
     return Bucket(index, list(names), list(params), flat, views)
 # --8<-- [end:bucket]
 
 
-# --8<-- [start:assign]
-def assign_buckets(named_params: list[tuple[str, nn.Parameter]],
-                   cap_bytes: int) -> list[list[tuple[str, nn.Parameter]]]:
-    """Group parameters into buckets, last parameter first; a bucket closes once it holds
-    ``cap_bytes`` or more (native DDP's rule).
-
-    Backward computes the last layer's gradients first, so reversed order puts gradients that
-    are ready together into the same bucket.  A parameter is never split, so a bucket can end a
-    little over the cap; a tiny cap gives one parameter per bucket.  A bucket holds one dtype on
-    one device.
-    """
-    buckets: list[list[tuple[str, nn.Parameter]]] = []
-    current: list[tuple[str, nn.Parameter]] = []
-    size = 0
-    for name, param in reversed(named_params):
-        if current and (param.dtype, param.device) != (current[0][1].dtype, current[0][1].device):
-            buckets.append(current)
-            current, size = [], 0
-        current.append((name, param))
-        size += param.numel() * param.element_size()
-        if size >= cap_bytes:
-            buckets.append(current)
-            current, size = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
-# --8<-- [end:assign]
-
-
 @torch.no_grad()
-def broadcast_from_rank0(tensors: list[torch.Tensor]) -> None:
-    """Copy rank 0's values into ``tensors`` on every rank: one message per dtype and device
-    (the buffers before every forward: BatchNorm has three small ones per layer)."""
+def broadcast_from_rank0(tensors: list[torch.Tensor], coalesce: bool = False) -> None:
+    """Copy rank 0's values into ``tensors`` on every rank.  ``coalesce``: one message per dtype
+    and device through a flat copy (the small buffers, every forward); else one per tensor (the
+    parameters, once: no extra copy of the model)."""
+    if not coalesce:
+        for t in tensors:
+            dist.broadcast(t, src=0)
+        return
     groups: dict[tuple, list[torch.Tensor]] = {}
     for t in tensors:
         groups.setdefault((t.dtype, t.device), []).append(t)
@@ -120,145 +151,155 @@ def broadcast_from_rank0(tensors: list[torch.Tensor]) -> None:
 class BucketedDDP(GradSyncSwitch, nn.Module):
     """Gradients averaged in buckets, during backward.  Same loop as native DDP.
 
-    ``timeline``: record each bucket's all-reduce as a ``comm`` span ``bucket {i}`` (with its
-    size in bytes) and the wait at the end of backward as a ``wait`` span.
-    ``overlap=False`` holds every bucket back until backward has finished, to measure what
-    overlapping buys.
+    ``bucket_cap_mb`` and ``forward_sync_buffers`` mean what they mean for native DDP.
+    ``timeline``: record each bucket's all-reduce as a ``comm`` span ``bucket {i}`` and the wait
+    at the end of backward as a ``wait`` span.  ``overlap=False`` holds every bucket back until
+    backward has finished, to measure what overlapping buys.
     """
 
     # --8<-- [start:init]
-    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25, timeline: Timeline | None
-                 = None, *, overlap: bool = True):
+    def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None,
+                 timeline: Timeline | None = None, *, overlap: bool = True,
+                 forward_sync_buffers: bool = True):
         super().__init__()
         require_process_group("BucketedDDP")
-        if bucket_cap_mb <= 0:
+        if bucket_cap_mb is not None and bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
-        self.module = module
-        self.timeline = timeline
-        self.overlap = overlap
-        self.world_size = dist.get_world_size()
+        self.module, self.world_size = module, dist.get_world_size()
+        self.caps, self.overlap = bucket_caps(bucket_cap_mb), overlap
+        self.forward_sync_buffers = forward_sync_buffers
         self._buffers_to_sync = list(module.buffers())
-        with torch.no_grad():  # rank 0's start for everyone; one tensor at a time: no extra copy
-            for tensor in [*module.parameters(), *self._buffers_to_sync]:
-                dist.broadcast(tensor, src=0)
+        broadcast_from_rank0([*module.parameters(), *self._buffers_to_sync])  # same start
 
-        trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        groups = assign_buckets(trainable, int(bucket_cap_mb * MiB))
-        self.buckets = [make_bucket(i, group) for i, group in enumerate(groups)]
-        self._slot = {p: (b, i) for b in self.buckets for i, p in enumerate(b.params)}
-        self._next_bucket = 0            # buckets before it are launched, in this pass
-        self._finish_queued = False
-        self._sync_this_backward = False  # decided in forward, as native DDP does
-        self._broadcast_buffers_next = True  # native: decided at the end of the previous forward
+        self.params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self._index = {p: i for i, (_, p) in enumerate(self.params)}
+        self._use_layout(first_iteration_layout(self.params))
+        self._rebuilt, self._arrival_order, self._next_bucket = False, [], 0
+        self._finish_queued = self._sync_this_backward = False  # decided in forward
+        self._sync_buffers_next = True  # native: decided by the previous forward
 
-        # The hook holds the wrapper weakly: a dropped wrapper's hooks do nothing.
-        wrapper = weakref.ref(self)
+        wrapper = weakref.ref(self)  # hooks hold the wrapper weakly: a dropped one does nothing
 
-        def on_grad_ready(param: torch.Tensor) -> None:  # receives the *parameter*, not the grad
-            ddp = wrapper()
-            if ddp is not None:
+        def on_grad_ready(param: torch.Tensor) -> None:  # receives the *parameter*
+            if (ddp := wrapper()) is not None:
                 ddp._on_grad_ready(param)
 
-        for _, param in trainable:
+        for _, param in self.params:
             param.register_post_accumulate_grad_hook(on_grad_ready)
     # --8<-- [end:init]
+        if timeline is not None:  # for the figures: layered on, see bucket_trace.py
+            BucketTrace(timeline).attach(self)
+
+    def _use_layout(self, groups: list[NamedParams]) -> None:
+        self.buckets = [make_bucket(i, group) for i, group in enumerate(groups)]
+        self._slot = {p: (b, i) for b in self.buckets for i, p in enumerate(b.params)}
 
     # --8<-- [start:forward]
     def forward(self, *args, **kwargs):
-        if self._broadcast_buffers_next and self._buffers_to_sync and self.world_size > 1:
-            broadcast_from_rank0(self._buffers_to_sync)  # rank 0's BatchNorm statistics for all
+        if torch.is_grad_enabled() and not self._rebuilt and self._arrival_order:
+            self._rebuild_buckets()  # once, after the first averaging backward (as native)
+        if (self._sync_buffers_next and self.forward_sync_buffers and self._buffers_to_sync
+                and self.world_size > 1):
+            broadcast_from_rank0(self._buffers_to_sync, coalesce=True)  # rank 0's statistics
         # A training forward (autograd on, not inside no_sync) gives a backward that averages
         # the gradients, and makes the *next* forward start from rank 0's buffers: native
         # DDP's rule, so an evaluation right after training uses rank 0's statistics too.
         self._sync_this_backward = self.do_sync and torch.is_grad_enabled()
-        self._broadcast_buffers_next = self._sync_this_backward
+        self._sync_buffers_next = self._sync_this_backward
         return self.module(*args, **kwargs)
+
+    def _rebuild_buckets(self) -> None:
+        """Buckets in the order gradients arrived, capped (native: ``Reducer::rebuild_buckets``).
+        Every rank takes rank 0's order (native's ``sync_bucket_indices``): same buckets."""
+        order = torch.tensor(self._arrival_order, device=module_device(self.module))
+        dist.broadcast(order, src=0)
+        self._use_layout(pack([self.params[i] for i in order.tolist()], list(self.caps)))
+        self._rebuilt = True
     # --8<-- [end:forward]
 
     # --8<-- [start:hook]
+    # --8<-- [start:on_grad_ready]
     def _on_grad_ready(self, param: nn.Parameter) -> None:
         """Autograd calls this once ``param.grad`` holds this pass's gradient."""
         if not self._sync_this_backward:
             return  # no_sync(), or no training forward since the last averaging: local only
         if not self._finish_queued:  # the first gradient of this backward pass
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-            self._finish_queued = True
+            self._finish_queued, self._arrived = True, []
         bucket, i = self._slot[param]
         if i in bucket.ready:
-            raise RuntimeError(  # native DDP goes on silently, with unaveraged gradients
+            raise RuntimeError(  # native DDP raises too: "marked ready twice"
                 f"BucketedDDP: {bucket.names[i]!r} got a gradient twice in one backward pass "
                 "(used inside and outside a reentrant torch.utils.checkpoint? pass "
                 "use_reentrant=False)")
-        # Copy and divide in one pass, as native DDP does: sum of (grad / N) over N ranks.
+        # Divide while copying, as native DDP does (mark_variable_ready_dense): grad * (1/N).
         torch.mul(param.grad.detach(), 1.0 / self.world_size, out=bucket.views[i])
         bucket.ready.add(i)
+        self._arrived.append(self._index[param])
         if self.overlap:
             self._launch_full_buckets()
+    # --8<-- [end:on_grad_ready]
 
+    # --8<-- [start:launch]
     def _launch_full_buckets(self) -> None:
-        """Start the all-reduce of each full bucket, strictly in bucket order.
-
-        Bucket 3 never starts before bucket 2, even if it fills first: every rank must issue
-        the same collectives in the same order, or ranks would sum different buckets together.
-        """
+        """Start the all-reduce of each full bucket, strictly in bucket order: every rank must
+        issue the same collectives in the same order, or ranks would sum different buckets."""
         while (self._next_bucket < len(self.buckets)
                and self.buckets[self._next_bucket].is_full()):
             bucket = self.buckets[self._next_bucket]
-            if self.timeline is not None:
-                bucket.launched_ms, bucket.done_ms = self.timeline.now(), None
             bucket.work = dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM, async_op=True)
-            if self.timeline is not None:
-                bucket.work.get_future().add_done_callback(self._completion_recorder(bucket))
             self._next_bucket += 1
+    # --8<-- [end:launch]
     # --8<-- [end:hook]
 
     # --8<-- [start:finish]
     def _finish_backward(self) -> None:
         """Runs once, after the whole backward pass (the autograd engine calls it)."""
-        self._finish_queued = False
-        self._sync_this_backward = False  # one forward, one averaging backward (as native)
-        started_ms = self.timeline.now() if self.timeline is not None else 0.0
+        self._finish_queued = self._sync_this_backward = False  # one forward, one averaging
         try:
-            missing = [b.names[i] for b in self.buckets
-                       for i in range(len(b.params)) if i not in b.ready]
-            if missing:
-                self._wait_for_buckets(copy_back=False)  # keeps the ranks' collectives matched
-                raise RuntimeError(
-                    f"BucketedDDP: {len(missing)} parameter(s) got no gradient in this backward "
-                    f"pass, first {missing[0]!r}, so their bucket can never be all-reduced. "
-                    "Every parameter that requires grad must contribute to the loss on every "
-                    "rank: freeze the unused ones with requires_grad_(False) before wrapping")
+            self._check_every_gradient_arrived()
             self._launch_full_buckets()  # with overlap=False: all of them, now
-            self._wait_for_buckets(copy_back=True)
+            for bucket in self.buckets:  # bucket i is copied back while i + 1 may be in flight
+                bucket.work.wait()
+                for param, view in zip(bucket.params, bucket.views, strict=True):
+                    param.grad.copy_(view)  # the average, back where the optimizer looks
+            if not self._rebuilt:
+                self._arrival_order = self._arrived  # the next forward rebuilds the buckets
         finally:
-            if self.timeline is not None:
-                self._record_timeline(started_ms)
             for bucket in self.buckets:
                 bucket.ready.clear()
                 bucket.work = None
             self._next_bucket = 0
-
-    def _wait_for_buckets(self, copy_back: bool) -> None:
-        """Wait for the launched buckets in order.  Bucket i's averages are copied back into
-        ``param.grad`` while bucket i + 1 may still be in flight."""
-        for bucket in self.buckets[:self._next_bucket]:
-            bucket.work.wait()
-            if copy_back:
-                for param, view in zip(bucket.params, bucket.views, strict=True):
-                    param.grad.copy_(view)  # the average, back where the optimizer looks
     # --8<-- [end:finish]
 
-    def _record_timeline(self, started_ms: float) -> None:
-        now = self.timeline.now()
-        self.timeline.add("wait for buckets", "wait", started_ms, now)
+    def _check_every_gradient_arrived(self) -> None:
+        missing = [b.names[i] for b in self.buckets for i in range(len(b.params))
+                   if i not in b.ready]
+        if not missing:
+            return
         for bucket in self.buckets[:self._next_bucket]:
-            end = bucket.done_ms if bucket.done_ms is not None else now
-            self.timeline.add(f"bucket {bucket.index}", "comm", bucket.launched_ms, end,
-                              bytes=bucket.nbytes)
+            bucket.work.wait()  # the launched ones: keeps the ranks' collectives matched
+        raise RuntimeError(
+            f"BucketedDDP: {len(missing)} parameter(s) got no gradient in this backward "
+            f"pass, first {missing[0]!r}, so their bucket can never be all-reduced. "
+            "Every parameter that requires grad must contribute to the loss on every "
+            "rank: freeze the unused ones with requires_grad_(False) before wrapping")
 
-    def _completion_recorder(self, bucket: Bucket):
-        timeline = self.timeline
 
-        def record(_future) -> None:  # runs on the communication thread when the bucket is done
-            bucket.done_ms = timeline.now()
-        return record
+# --8<-- [start:native_buffer_sync]
+def native_buffer_sync(enabled: bool = True) -> dict:
+    """The keyword that turns native DDP's buffer broadcast before each forward on or off.
+
+    torch 2.13 renamed ``broadcast_buffers`` to ``forward_sync_buffers`` (the old name warns
+    with a FutureWarning), and the two differ: ``broadcast_buffers=False`` also skips the
+    buffer broadcast at construction; ``forward_sync_buffers=False`` does not.  Older torch
+    only knows ``broadcast_buffers``.
+    """
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
+        return {"forward_sync_buffers": enabled}
+    return {"broadcast_buffers": enabled}
+# --8<-- [end:native_buffer_sync]

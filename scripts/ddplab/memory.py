@@ -1,14 +1,18 @@
 """Peak memory of one piece of work, on a GPU or on the CPU.
 
-On a GPU, PyTorch's caching allocator counts every byte: ``torch.cuda.max_memory_allocated``
-after ``reset_peak_memory_stats``.  On the CPU there is no such counter, so we ask the operating
-system for the process's resident set size (RSS): Linux keeps its high-water mark (``VmHWM`` in
-/proc/self/status) and lets a process reset it (write ``5`` to /proc/self/clear_refs).  Before
-the reset, freed memory is handed back to the OS (glibc's ``malloc_trim``), so that the next
-measurement sees its own allocations grow the RSS instead of reusing pages freed earlier.
+On a GPU we ask PyTorch's caching allocator: ``torch.cuda.max_memory_allocated`` after
+``reset_peak_memory_stats``.  It counts the tensors PyTorch allocates (parameters, gradients,
+DDP's buckets, activations), not memory outside the allocator: the CUDA context, NCCL's own
+communication buffers, cuBLAS workspaces.  ``nvidia-smi`` shows more than this for that reason.
+On the CPU there is no such counter, so we ask the operating system for the process's resident
+set size (RSS): Linux keeps its high-water mark (``VmHWM`` in /proc/self/status) and lets a
+process reset it (write ``5`` to /proc/self/clear_refs).  Before the reset, freed memory is
+handed back to the OS (glibc's ``malloc_trim``), so that the next measurement sees its own
+allocations grow the RSS instead of reusing pages freed earlier.
 
-``peak.mib`` is the growth above the level at the start: what the measured work added.  It is
-None where the OS cannot tell (macOS, Windows).
+``peak.mib`` is the peak growth above a baseline: the level when the ``with`` block started, or
+that of an earlier measurement (``since=``), so that a later phase can be measured against the
+same starting point.  It is None where the OS cannot tell (macOS, Windows).
 """
 
 from __future__ import annotations
@@ -43,10 +47,14 @@ def cpu_peak_supported() -> bool:
 
 
 class PeakMemory:
-    """``with PeakMemory(device) as peak: work()`` then ``peak.mib``: MiB the work added at peak."""
+    """``with PeakMemory(device) as peak: work()`` then ``peak.mib``: MiB the work added at peak.
 
-    def __init__(self, device: torch.device):
+    ``PeakMemory(device, since=earlier)``: the peak of this block above ``earlier``'s baseline.
+    """
+
+    def __init__(self, device: torch.device, since: PeakMemory | None = None):
         self.device = device
+        self.since = since
         self.mib: float | None = None
         self._start = 0
 
@@ -59,6 +67,8 @@ class PeakMemory:
         elif cpu_peak_supported():
             _CLEAR_REFS.write_text("5")  # VmHWM := VmRSS
             self._start = _status_kib("VmRSS") * 1024
+        if self.since is not None:
+            self._start = self.since._start
         return self
 
     def __exit__(self, *exc) -> None:

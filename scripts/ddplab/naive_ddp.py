@@ -1,11 +1,11 @@
 """NaiveDDP: data parallelism in its simplest correct form — average every gradient after backward.
 
-The design most tutorials start from (one ``all_reduce`` per parameter, called by hand after
-``loss.backward()``), with the rough edges taken off:
+The core is four lines (``average_gradients``): after ``loss.backward()``, all-reduce each
+gradient and divide by the number of ranks.  ``NaiveDDP`` wraps it the way the tutorials most
+readers come from do, with the rough edges taken off:
 
 * the replica check at construction ends the run on *every* rank, naming the parameter and the
   ranks that differ (a check that raises on one rank only leaves the others waiting forever);
-* the gradients are averaged under ``torch.no_grad()``, so no autograd graph is recorded;
 * ``no_sync()`` restores whatever state it found, so it nests and survives exceptions.
 
 What it does not do — and ``BucketedDDP`` (``bucketed_ddp.py``) does — is overlap communication
@@ -68,7 +68,6 @@ class GradSyncSwitch:
 
 
 # --8<-- [start:check_replicas]
-@torch.no_grad()
 def parameters_differing_from_rank0(module: nn.Module) -> tuple[list[str], list[int]]:
     """Which parameters differ from rank 0's, and on which ranks — the same answer everywhere.
 
@@ -87,6 +86,19 @@ def parameters_differing_from_rank0(module: nn.Module) -> tuple[list[str], list[
 # --8<-- [end:check_replicas]
 
 
+# --8<-- [start:average]
+def average_gradients(model: nn.Module) -> None:
+    """After ``loss.backward()``: replace every gradient by its average over the ranks."""
+    world_size = dist.get_world_size()
+    for param in model.parameters():
+        if param.grad is not None:  # frozen, or unused in this step (on every rank, we hope)
+            # Synchronous: on gloo it returns with the sum; on nccl once it is queued on the
+            # GPU, and the division below is queued after it (time it with CUDA events).
+            dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)
+            param.grad /= world_size
+# --8<-- [end:average]
+
+
 # --8<-- [start:naive]
 class NaiveDDP(GradSyncSwitch, nn.Module):
     """Wrap a model; call ``sync_gradients()`` after every ``loss.backward()``."""
@@ -95,7 +107,6 @@ class NaiveDDP(GradSyncSwitch, nn.Module):
         super().__init__()
         require_process_group("NaiveDDP")
         self.module = module
-        self.world_size = dist.get_world_size()
         names, ranks = parameters_differing_from_rank0(module)
         if names:
             raise ValueError(
@@ -107,14 +118,7 @@ class NaiveDDP(GradSyncSwitch, nn.Module):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
-    @torch.no_grad()
     def sync_gradients(self) -> None:
-        """Replace every gradient by its average over the ranks, one parameter at a time."""
-        if not self.do_sync:
-            return
-        for param in self.module.parameters():
-            if param.grad is None:  # frozen, or unused in this step (on every rank, we hope)
-                continue
-            dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)  # blocks until every rank sent
-            param.grad /= self.world_size
+        if self.do_sync:  # inside no_sync(): gradients stay local and keep accumulating
+            average_gradients(self.module)
 # --8<-- [end:naive]
