@@ -14,7 +14,7 @@
 
 from .bucketed_ddp import BucketedDDP
 from .cli import UsageError, chapter_parser, parse_chapter_args, positive
-from .launch import RankFailed, Run, choose_backend, launch, run_main
+from .launch import RankFailed, Run, check_rank, choose_backend, launch, run_main
 from .naive_ddp import NaiveDDP
 from .ranks import RankContext, get, progress, seed_everything
 from .results import chapter_output, read_results, write_results
@@ -23,6 +23,7 @@ from .ring import naive_all_reduce, ring_all_reduce
 __all__ = [
     "BucketedDDP", "NaiveDDP",
     "RankContext", "RankFailed", "Run", "UsageError", "chapter_output", "chapter_parser",
-    "choose_backend", "get", "launch", "naive_all_reduce", "parse_chapter_args", "positive",
+    "check_rank", "choose_backend", "get", "launch", "naive_all_reduce", "parse_chapter_args",
+    "positive",
     "progress", "read_results", "ring_all_reduce", "run_main", "seed_everything", "write_results",
 ]
