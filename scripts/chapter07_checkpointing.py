@@ -197,36 +197,47 @@ def resume(ctx, cfg, job: Job, model, optimizer, scheduler, example) -> dict | N
 
     Rank 0 picks the checkpoint and tells the others, so that all ranks load the same one.
     """
-    kind = job.resume
-    directory = job.run_dir / kind
+    path = newest_checkpoint(job.run_dir / job.resume, job.resume)  # rank 0 picks, broadcasts
+    if path is None:
+        return None
+    if job.forget != "buckets":
+        settle_ddp_buckets(model, example)  # see "Three or more ranks" below
+    start = time.perf_counter()
+    load = load_torch_save if job.resume == "torch" else load_dcp
+    state = load(ctx, cfg, job, path, model, optimizer, scheduler)
+    return {"path": path, "step": state["step"], "epoch": state["epoch"],
+            "batch_in_epoch": state["batch_in_epoch"],
+            "load_ms": slowest_rank((time.perf_counter() - start) * 1e3)}
+
+
+def load_torch_save(ctx, cfg, job: Job, path: Path, model, optimizer, scheduler) -> dict:
+    state = ck.load_checkpoint(path)  # on the CPU; load_state_dict copies to the device
+    ck.check_same_run(state.get("run"), run_settings(ctx, cfg), path)  # same seed, model, ...
+    ck.load_model_state(model.module, state["model"], path)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if job.forget != "rng":
+        ck.restore_rng_states(state["rng"], ctx.device, path)
+    return state
+# --8<-- [end:resume]
+
+
+def load_dcp(ctx, cfg, job: Job, path: Path, model, optimizer, scheduler) -> dict:
+    template = {"scheduler": scheduler.state_dict(), "step": 0, "epoch": 0,
+                "batch_in_epoch": 0, "run": ""}
+    state = dcpck.load_distributed(path, model, optimizer, template)
+    ck.check_same_run(json.loads(state["run"]), run_settings(ctx, cfg), path)
+    scheduler.load_state_dict(state["scheduler"])
+    return state
+
+
+def newest_checkpoint(directory: Path, kind: str) -> Path | None:
+    """Rank 0's newest complete checkpoint, the same on every rank (a broadcast)."""
     directory.mkdir(parents=True, exist_ok=True)
     found = (ck.list_checkpoints if kind == "torch" else dcpck.list_distributed)(directory)
     choice = [found[-1] if found else None]
     dist.broadcast_object_list(choice, src=0)
-    path = choice[0]
-    if path is None:
-        return None
-    if job.forget != "buckets":
-        settle_ddp_buckets(model, example)  # see below
-    start = time.perf_counter()
-    if kind == "torch":
-        state = ck.load_checkpoint(path)  # on the CPU; load_state_dict copies to the device
-        ck.check_same_run(state.get("run"), run_settings(ctx, cfg), path)
-        ck.load_model_state(model.module, state["model"], path)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        if job.forget != "rng":
-            ck.restore_rng_states(state["rng"], ctx.device, path)
-    else:
-        template = {"scheduler": scheduler.state_dict(), "step": 0, "epoch": 0,
-                    "batch_in_epoch": 0, "run": ""}
-        state = dcpck.load_distributed(path, model, optimizer, template)
-        ck.check_same_run(json.loads(state["run"]), run_settings(ctx, cfg), path)
-        scheduler.load_state_dict(state["scheduler"])
-    return {"path": path, "step": state["step"], "epoch": state["epoch"],
-            "batch_in_epoch": state["batch_in_epoch"],
-            "load_ms": slowest_rank((time.perf_counter() - start) * 1e3)}
-# --8<-- [end:resume]
+    return choice[0]
 
 
 # --8<-- [start:settle]

@@ -106,6 +106,8 @@ def test_under_torchrun_the_relaunching_parts_are_skipped_not_hung(out_dir):
     (["--world-size", "1"], "needs --world-size 2 or more"),
     (["--train"], "--train needs --ckpt-dir"),
     (["--crash-at-step", "3"], "--crash-at-step goes with --train"),
+    (["--train", "--ckpt-dir", "d", "--crash-at-step", "400"], r"the run has 400 steps, choose"),
+    (["--train", "--ckpt-dir", "d", "--quick", "--crash-at-step", "-1"], r"48 steps \(--quick\)"),
 ])
 def test_bad_flags_are_one_clear_line(argv, message, tmp_path):
     import chapter07_checkpointing as chapter

@@ -207,7 +207,7 @@ def test_bad_flags_are_one_line_and_exit_2(box, argv, message):
     assert code == 2
     assert len(err.strip().splitlines()) == 1, err
     assert message in err
-    assert not (box.out / "figures").exists() and not (box.out / "ckpt").exists()
+    assert not list(box.out.glob("figures/chapter*")) and not (box.out / "ckpt").exists()
     box.assert_clean()
 
 

@@ -57,7 +57,6 @@ def checksum_path(path: Path) -> Path:
 
 # --- random generators: one state per rank ---------------------------------------------------
 
-# --8<-- [start:rng]
 def rng_state(device: torch.device) -> dict:
     """This rank's generators: torch CPU, CUDA (on GPU), Python's ``random``, numpy's."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
@@ -84,6 +83,7 @@ def set_rng_state(state: dict, device: torch.device) -> None:
         np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
 
 
+# --8<-- [start:rng]
 def gather_rng_states(device: torch.device) -> list[dict] | None:
     """Every rank's generator states, gathered on rank 0 (None elsewhere). Collective.
 
@@ -148,8 +148,10 @@ def save_checkpoint(state: dict, directory: Path, step: int, keep_last: int = 3,
     if dist.is_initialized():
         dist.barrier()  # nobody runs ahead (or resumes) before the checkpoint exists
     return report
+# --8<-- [end:save]
 
 
+# --8<-- [start:write]
 def _write_atomically(state: dict, directory: Path, step: int) -> SaveReport:
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / checkpoint_name(step)
@@ -170,14 +172,22 @@ def _write_atomically(state: dict, directory: Path, step: int) -> SaveReport:
         clock.lap("rename")
     except BaseException as err:
         tmp.unlink(missing_ok=True)  # a crash (SIGKILL, power) can still leave it: it is ignored
-        disk = err if isinstance(err, OSError) else getattr(digest, "error", None)
-        if disk is not None:  # torch.save reports a failed write as 'unexpected pos ...'
-            raise CheckpointError(f"cannot write {final}: {disk.strerror}; free some space or "
-                                  "checkpoint somewhere else (the previous checkpoint is intact)"
-                                  ) from None
-        raise
+        clear = _disk_full(err, digest, final)
+        if clear is None:
+            raise
+        raise clear from None
     return SaveReport(final, final.stat().st_size, clock.laps)
-# --8<-- [end:save]
+# --8<-- [end:write]
+
+
+def _disk_full(err: BaseException, writer, final: Path) -> CheckpointError | None:
+    """A failed write as one clear line.  torch.save turns the OSError (disk full, file too
+    large) into 'unexpected pos ...'; the writer kept the original."""
+    disk = err if isinstance(err, OSError) else getattr(writer, "error", None)
+    if disk is None:
+        return None
+    return CheckpointError(f"cannot write {final}: {disk.strerror}; free some space or "
+                           "checkpoint somewhere else (the previous checkpoint is intact)")
 
 
 class _HashingWriter:
@@ -237,7 +247,6 @@ def _prune(directory: Path, keep_last: int) -> None:
         old.unlink()
 
 
-# --8<-- [start:load]
 def list_checkpoints(directory: Path) -> list[Path]:
     """Complete checkpoints (those with a checksum file), oldest first."""
     directory = Path(directory)
@@ -252,6 +261,7 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
+# --8<-- [start:load]
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:
     """Check the file against its SHA-256, then load it, by default with every tensor on the CPU.
 
@@ -261,29 +271,34 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     reading them costs no GPU synchronization at every step.
     """
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    if not checksum_path(path).is_file():
-        raise CheckpointError(f"{path} has no {checksum_path(path).name}: it was never completely "
-                              "written; resume from an earlier checkpoint")
-    record = checksum_path(path).read_text().split()
-    if not record:
-        raise CheckpointError(f"{checksum_path(path)} is empty: the save was cut off; delete "
-                              f"it and {path.name} to resume from the previous checkpoint")
-    if _sha256(path) != record[0]:
-        raise CheckpointError(f"{path} is truncated or corrupted ({path.stat().st_size} bytes, "
-                              f"SHA-256 does not match {checksum_path(path).name}); delete both "
-                              "files to resume from the previous checkpoint")
-    if not zipfile.is_zipfile(path):  # torch.save has written zip archives since torch 1.6
-        raise CheckpointError(f"{path} is not a torch.save file (its checksum matches: it was "
-                              "written so, not damaged on the way); check what wrote it")
+    verify_checksum(path)  # one clear line if it is missing, unfinished, cut short or changed
     try:
-        # map_location: where the tensors go, not the device they were saved from.
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # a file whose checksum matches but torch cannot read
         first = str(err).strip().split("\n")[0][:160]
         raise CheckpointError(f"{path} cannot be loaded ({type(err).__name__}: {first})") from None
 # --8<-- [end:load]
+
+
+def verify_checksum(path: Path) -> None:
+    """Raise a one-line CheckpointError unless ``path`` is a complete, unchanged torch.save file."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    record = checksum_path(path)
+    if not record.is_file():
+        raise CheckpointError(f"{path} has no {record.name}: it was never completely written; "
+                              "resume from an earlier checkpoint")
+    expected = record.read_text().split()
+    if not expected:
+        raise CheckpointError(f"{record} is empty: the save was cut off; delete it and "
+                              f"{path.name} to resume from the previous checkpoint")
+    if _sha256(path) != expected[0]:
+        raise CheckpointError(f"{path} is truncated or corrupted ({path.stat().st_size} bytes, "
+                              f"SHA-256 does not match {record.name}); delete both files to "
+                              "resume from the previous checkpoint")
+    if not zipfile.is_zipfile(path):  # torch.save has written zip archives since torch 1.6
+        raise CheckpointError(f"{path} is not a torch.save file (its checksum matches: it was "
+                              "written so, not damaged on the way); check what wrote it")
 
 
 def check_same_run(saved: dict | None, current: dict, source: Path) -> None:

@@ -32,7 +32,7 @@ from .checkpoint import (
 MANIFEST = "checksums.sha256"  # sha256sum's format: `sha256sum -c checksums.sha256` checks it
 
 
-# --8<-- [start:dcp]
+# --8<-- [start:dcp_save]
 def save_distributed(directory: Path, step: int, model, optimizer, extra: dict,
                      keep_last: int = 3) -> Path:
     """DCP: every rank calls this; each writes part of ``directory/step_NNNNNNN/``. Collective."""
@@ -54,8 +54,10 @@ def save_distributed(directory: Path, step: int, model, optimizer, extra: dict,
             shutil.rmtree(old)
     dist.barrier()
     return path
+# --8<-- [end:dcp_save]
 
 
+# --8<-- [start:dcp_load]
 def load_distributed(path: Path, model, optimizer, extra: dict) -> dict:
     """Load in place into ``model``, ``optimizer`` and this rank's generators; returns ``extra``."""
     import torch.distributed.checkpoint as dcp
@@ -75,7 +77,7 @@ def load_distributed(path: Path, model, optimizer, extra: dict) -> dict:
                    optim_state_dict=state["optimizer"])
     set_rng_state(state[key], device)
     return state["extra"]
-# --8<-- [end:dcp]
+# --8<-- [end:dcp_load]
 
 
 def write_manifest(path: Path) -> None:
