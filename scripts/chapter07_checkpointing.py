@@ -574,8 +574,9 @@ def run_torchrun_restart(args, cfg: Config, work: Path) -> dict:
 
 
 def read_rest(proc: subprocess.Popen) -> str:
+    """What a hung torchrun printed, once it and its ranks are ended."""
     end_process_tree(proc)
-    return proc.stdout.read()[-4000:]
+    return proc.communicate()[0][-4000:]  # communicate keeps what it read before the timeout
 
 
 def torchrun_lines(output: str) -> list[str]:

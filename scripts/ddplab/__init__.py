@@ -1,6 +1,7 @@
 """ddplab: the small library the chapters of *DDP from Scratch* build, one concept per module.
 
     launch.py    run a function on N ranks (mp.spawn or torchrun), clean failures
+    stopping.py  every exit path (error, hang, Ctrl-C, SIGTERM) ends every process it started
     ranks.py     who am I: RankContext, get("rank"), seeding, progress bars
     cli.py       the flags every chapter shares, bad input as one clear line
     results.py   results.json with provenance, staged chapter output

@@ -241,8 +241,7 @@ def _root_cause(scratch: Path, rank: int, *, died: str | None = None,
     if first is None:  # mp.spawn's own message: the traceback, ending in 'Type: message'
         lines = raised.strip().splitlines()
         return RankFailed(rank, lines[-1] if lines else "failed with no error message", raised)
-    return RankFailed(first["rank"], first["summary"] + _timeout_hint(first["summary"]),
-                      first["traceback"])
+    return RankFailed(first["rank"], first["summary"], first["traceback"])
 
 
 def _timeout_hint(summary: str) -> str:
@@ -362,7 +361,7 @@ def run_main(main: Callable[[list[str] | None], Any], argv: list[str] | None = N
     except RankFailed as err:
         if err.details:
             sys.stderr.write(f"\n--- traceback from rank {err.rank} ---\n{err.details}\n")
-        return _last_line(f"error: {err}", 1)
+        return _last_line(f"error: {err}{_timeout_hint(str(err))}", 1)
     except UsageError as err:
         return _last_line(f"error: {err}", 2)
     except stopping.Stopped as err:
