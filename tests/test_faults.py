@@ -121,15 +121,19 @@ def wait_for(condition, proc: subprocess.Popen, timeout: float = 90) -> None:
 
 # --- stopping a run from outside ----------------------------------------------------------------
 
-@pytest.mark.parametrize(("sig", "code", "message"), [
-    (signal.SIGINT, 130, "error: interrupted (Ctrl-C); every rank was stopped"),
-    (signal.SIGTERM, 143, "error: stopped by SIGTERM; every rank was stopped"),
+@pytest.mark.parametrize(("sig", "to_group", "code", "message"), [
+    (signal.SIGINT, False, 130, "error: interrupted (Ctrl-C); every rank was stopped"),
+    (signal.SIGINT, True, 130, "error: interrupted (Ctrl-C); every rank was stopped"),
+    (signal.SIGTERM, False, 143, "error: stopped by SIGTERM; every rank was stopped"),
 ])
-def test_a_signal_to_the_launching_process_alone_stops_every_rank_at_once(box, sig, code,
-                                                                           message):
+def test_a_signal_stops_every_rank_at_once_and_has_the_last_word(box, sig, to_group, code,
+                                                                   message):
     proc = box.start(ENTRY, "spin", "--out", str(box.out))
     wait_for(lambda: (box.out / "rank1.pid").exists(), proc)
-    proc.send_signal(sig)  # only to the launching process, as `kill` does
+    if to_group:  # Ctrl-C in a terminal: every process of the foreground group gets it
+        os.killpg(proc.pid, sig)
+    else:  # only the launching process, as `kill PID` does
+        proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
     assert last_line(err) == message
