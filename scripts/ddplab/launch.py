@@ -365,7 +365,7 @@ def run_main(main: Callable[[list[str] | None], Any], argv: list[str] | None = N
     except UsageError as err:
         return _last_line(f"error: {err}", 2)
     except stopping.Stopped as err:
-        return _last_line(f"error: {err}; every rank was stopped", 143)
+        return _last_line(f"error: {err}; every rank was stopped", err.exit_code)
     except KeyboardInterrupt:
         return _last_line("error: interrupted (Ctrl-C); every rank was stopped", 130)
     if started_by_torchrun():

@@ -1,8 +1,8 @@
 """results.json and the figures beside it: every number the book prints, with where it came from.
 
 A chapter computes first and writes last.  ``chapter_output`` hands out a staging directory; only
-when everything in it was written does it move the files into ``DIR/chapterNN/``.  A run that
-fails half-way leaves the previous results untouched.
+when everything in it was written does it put it in place of ``DIR/chapterNN/``, as one set.  A
+run that fails half-way leaves the previous results untouched.
 """
 
 from __future__ import annotations

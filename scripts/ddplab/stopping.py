@@ -27,13 +27,17 @@ STOP_GRACE_S = 2.0  # how long a process gets to end by itself after SIGTERM
 
 
 class Stopped(KeyboardInterrupt):
-    """The run was stopped from outside (Ctrl-C or SIGTERM); the message names the signal."""
+    """The run was stopped from outside by a signal; the message names it."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.exit_code = 128 + signum  # what a shell reports for a process the signal ended
 
 
 def stop_on_sigterm() -> None:
     """From now on SIGTERM (and SIGHUP: the terminal closed) raises ``Stopped`` here."""
     def stop(signum, frame):
-        raise Stopped(f"stopped by {signal.Signals(signum).name}")
+        raise Stopped(signum)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, stop)
 
