@@ -226,7 +226,9 @@ def parse_args(argv: list[str] | None = None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter01_processes.py")
     parser.add_argument("--crash-rank", type=int, default=None, metavar="R",
                         help="make rank R raise, to see how the launcher reports a failure")
-    return ddplab.parse_chapter_args(parser, argv)
+    args = ddplab.parse_chapter_args(parser, argv)
+    ddplab.check_rank("--crash-rank", args.crash_rank, args)  # 0..N-1, or it never crashes
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict | None:

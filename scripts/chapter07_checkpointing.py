@@ -51,8 +51,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import ddplab
 from ddplab import checkpoint as ck
+from ddplab import checkpoint_dcp as dcpck
 from ddplab import timing
 from ddplab.launch import default_world_size, started_by_torchrun
+from ddplab.stopping import end_process_tree
 from ddplab.timing import slowest_rank
 
 CHAPTER = 7
@@ -145,7 +147,8 @@ def train_step(model, optimizer, scheduler, x, y) -> torch.Tensor:
 # --- what goes into a checkpoint, and how it comes back ---------------------------------------
 
 # --8<-- [start:state]
-def training_state(ctx, model, optimizer, scheduler, step: int, epoch: int, batch: int) -> dict:
+def training_state(ctx, cfg, model, optimizer, scheduler, step: int, epoch: int, batch: int,
+                   ) -> dict:
     """Everything the next step depends on.  Collective: it gathers every rank's generators."""
     return {
         "model": model.module.state_dict(),  # the unwrapped model: no "module." prefix
@@ -155,8 +158,14 @@ def training_state(ctx, model, optimizer, scheduler, step: int, epoch: int, batc
         "epoch": epoch,  # with the sampler's seed, fixes the order of this epoch...
         "batch_in_epoch": batch,  # ...and how far into it we are
         "rng": ck.gather_rng_states(ctx.device),  # one entry per rank
+        "run": run_settings(ctx, cfg),  # what the run depends on: a resume must match it
     }
 # --8<-- [end:state]
+
+
+def run_settings(ctx, cfg: Config) -> dict:
+    """The settings that change what a run computes (a resume with others would mix two runs)."""
+    return {"seed": ctx.seed, "world_size": ctx.world_size, "config": asdict(cfg)}
 
 
 def save(ctx, cfg: Config, job: Job, model, optimizer, scheduler, position) -> dict:
@@ -165,7 +174,7 @@ def save(ctx, cfg: Config, job: Job, model, optimizer, scheduler, position) -> d
     timings = {}
     if "torch" in job.save:
         start = time.perf_counter()
-        state = training_state(ctx, model, optimizer, scheduler, step, epoch, batch)
+        state = training_state(ctx, cfg, model, optimizer, scheduler, step, epoch, batch)
         collected = time.perf_counter()
         report = ck.save_checkpoint(state, job.run_dir / "torch", step, keep_last=cfg.keep_last)
         timings["torch"] = (time.perf_counter() - start) * 1e3
@@ -176,46 +185,59 @@ def save(ctx, cfg: Config, job: Job, model, optimizer, scheduler, position) -> d
     if "dcp" in job.save:
         start = time.perf_counter()
         extra = {"scheduler": scheduler.state_dict(), "step": step, "epoch": epoch,
-                 "batch_in_epoch": batch}
-        ck.save_distributed(job.run_dir / "dcp", step, model, optimizer, extra, cfg.keep_last)
+                 "batch_in_epoch": batch, "run": json.dumps(run_settings(ctx, cfg))}
+        dcpck.save_distributed(job.run_dir / "dcp", step, model, optimizer, extra, cfg.keep_last)
         timings["dcp"] = (time.perf_counter() - start) * 1e3
     return timings
 
 
 # --8<-- [start:resume]
-def resume(ctx, job: Job, model, optimizer, scheduler, example) -> dict | None:
+def resume(ctx, cfg, job: Job, model, optimizer, scheduler, example) -> dict | None:
     """Load the newest checkpoint of ``job.resume``'s kind into everything; None if there is none.
 
     Rank 0 picks the checkpoint and tells the others, so that all ranks load the same one.
     """
-    kind = job.resume
-    directory = job.run_dir / kind
-    directory.mkdir(parents=True, exist_ok=True)
-    found = (ck.list_checkpoints if kind == "torch" else ck.list_distributed)(directory)
-    choice = [found[-1] if found else None]
-    dist.broadcast_object_list(choice, src=0)
-    path = choice[0]
+    path = newest_checkpoint(job.run_dir / job.resume, job.resume)  # rank 0 picks, broadcasts
     if path is None:
         return None
     if job.forget != "buckets":
-        settle_ddp_buckets(model, example)  # see below
+        settle_ddp_buckets(model, example)  # see "Three or more ranks" below
     start = time.perf_counter()
-    if kind == "torch":
-        state = ck.load_checkpoint(path, ctx.device)  # map_location=ctx.device inside
-        ck.load_model_state(model.module, state["model"], path)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        if job.forget != "rng":
-            ck.restore_rng_states(state["rng"], ctx.device, path)
-    else:
-        template = {"scheduler": scheduler.state_dict(), "step": 0, "epoch": 0,
-                    "batch_in_epoch": 0}
-        state = ck.load_distributed(path, model, optimizer, template)
-        scheduler.load_state_dict(state["scheduler"])
+    load = load_torch_save if job.resume == "torch" else load_dcp
+    state = load(ctx, cfg, job, path, model, optimizer, scheduler)
     return {"path": path, "step": state["step"], "epoch": state["epoch"],
             "batch_in_epoch": state["batch_in_epoch"],
             "load_ms": slowest_rank((time.perf_counter() - start) * 1e3)}
+
+
+def load_torch_save(ctx, cfg, job: Job, path: Path, model, optimizer, scheduler) -> dict:
+    state = ck.load_checkpoint(path)  # on the CPU; load_state_dict copies to the device
+    ck.check_same_run(state.get("run"), run_settings(ctx, cfg), path)  # same seed, model, ...
+    ck.load_model_state(model.module, state["model"], path)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if job.forget != "rng":
+        ck.restore_rng_states(state["rng"], ctx.device, path)
+    return state
 # --8<-- [end:resume]
+
+
+def load_dcp(ctx, cfg, job: Job, path: Path, model, optimizer, scheduler) -> dict:
+    template = {"scheduler": scheduler.state_dict(), "step": 0, "epoch": 0,
+                "batch_in_epoch": 0, "run": ""}
+    state = dcpck.load_distributed(path, model, optimizer, template)
+    ck.check_same_run(json.loads(state["run"]), run_settings(ctx, cfg), path)
+    scheduler.load_state_dict(state["scheduler"])
+    return state
+
+
+def newest_checkpoint(directory: Path, kind: str) -> Path | None:
+    """Rank 0's newest complete checkpoint, the same on every rank (a broadcast)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    found = (ck.list_checkpoints if kind == "torch" else dcpck.list_distributed)(directory)
+    choice = [found[-1] if found else None]
+    dist.broadcast_object_list(choice, src=0)
+    return choice[0]
 
 
 # --8<-- [start:settle]
@@ -243,7 +265,7 @@ def train(ctx: ddplab.RankContext, cfg: Config, job: Job) -> dict:
     model, optimizer, scheduler, sampler, loader = build(ctx, cfg, job)
     log.write("built")
     example = loader.dataset[0][0][None].to(ctx.device)  # one input, for settle_ddp_buckets
-    resumed = resume(ctx, job, model, optimizer, scheduler, example) if job.resume else None
+    resumed = resume(ctx, cfg, job, model, optimizer, scheduler, example) if job.resume else None
     step, epoch, batch = ((resumed["step"], resumed["epoch"], resumed["batch_in_epoch"])
                           if resumed else (0, 0, 0))
     if job.forget == "sampler":
@@ -527,7 +549,9 @@ def run_torchrun_restart(args, cfg: Config, work: Path) -> dict:
            *(["--quick"] if args.quick else [])]
     # torch >= 2.5 shares torchrun's rendezvous store with the workers; a restarted rank can
     # read the dead attempt's addresses from it and fail to connect (pytorch/pytorch#135712).
-    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    # TMPDIR inside the work directory: what torchrun leaves there goes when the work dir goes.
+    (work / "tmp").mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "TMPDIR": str(work / "tmp"),
            "LOGLEVEL": "INFO"}  # torchrun then also says when it restarts the group
     started = time.time()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -535,10 +559,10 @@ def run_torchrun_restart(args, cfg: Config, work: Path) -> dict:
     try:
         output, _ = proc.communicate(timeout=4 * args.timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every rank it started
-        output, _ = proc.communicate()
         raise ddplab.RankFailed(world - 1, "the torchrun restart demonstration hung "
-                                "(torchrun's output is above)", output[-4000:]) from None
+                                "(torchrun's output is above)", read_rest(proc)) from None
+    finally:  # also on Ctrl-C, SIGTERM or an error here: torchrun and its ranks end with us
+        end_process_tree(proc)
     if proc.returncode != 0:
         root = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", output, re.DOTALL)
         raise ddplab.RankFailed(int(root.group(1)) if root else world - 1,
@@ -547,6 +571,12 @@ def run_torchrun_restart(args, cfg: Config, work: Path) -> dict:
     final = torch.load(run_dir / "final.pt", weights_only=True)
     return {"final": final, "log": read_log(run_dir / "log.jsonl"), "started": started,
             "wall_s": time.time() - started, "torchrun_lines": torchrun_lines(output)}
+
+
+def read_rest(proc: subprocess.Popen) -> str:
+    """What a hung torchrun printed, once it and its ranks are ended."""
+    end_process_tree(proc)
+    return proc.communicate()[0][-4000:]  # communicate keeps what it read before the timeout
 
 
 def torchrun_lines(output: str) -> list[str]:
@@ -567,7 +597,7 @@ def atomic_crash_demo(work: Path) -> dict:
     proc = subprocess.run([sys.executable, "-c", code, str(directory)], env=env,
                           capture_output=True, text=True, timeout=120)
     latest = ck.latest_checkpoint(directory)
-    state = ck.load_checkpoint(latest, torch.device("cpu"))
+    state = ck.load_checkpoint(latest)
     return {"exit_code": proc.returncode, "files": sorted(p.name for p in directory.iterdir()),
             "latest": latest.name, "latest_loads": bool(state["w"].eq(1).all())}
 
@@ -622,8 +652,9 @@ def dcp_mb_per_rank(directory: Path, world: int) -> list[float]:
     """DCP files are named __<rank>_<n>.distcp; rank 0 also writes .metadata."""
     sizes = [0] * world
     for f in directory.iterdir():
-        rank = 0 if f.name == ".metadata" else int(f.name.split("_")[2])
-        sizes[rank] += f.stat().st_size / 1e6
+        if f.name == ".metadata" or f.suffix == ".distcp":
+            rank = 0 if f.name == ".metadata" else int(f.name.split("_")[2])
+            sizes[rank] += f.stat().st_size / 1e6
     return sizes
 
 
@@ -820,7 +851,7 @@ def run_chapter(args, work: Path) -> dict:
         "checkpoint_mb": torch_saves[-1]["torch_bytes"] / 1e6,
         "pitfalls": reference["pitfalls"],
     }
-    dcp_dir = ck.list_distributed(work / "reference" / "dcp")[-1]
+    dcp_dir = dcpck.list_distributed(work / "reference" / "dcp")[-1]
     dcp_mb = dcp_mb_per_rank(dcp_dir, provenance["world_size"])
     metrics["dcp"] = {"save_ms": timing.median([s["dcp"] for s in reference["saves"]]),
                       "mb_per_rank": dcp_mb, "checkpoint_mb": sum(dcp_mb)}
@@ -930,6 +961,10 @@ def parse_args(argv: list[str] | None = None):
         raise ddplab.UsageError("--train needs --ckpt-dir DIR (where checkpoints are kept)")
     if args.crash_at_step is not None and not args.train:
         raise ddplab.UsageError("--crash-at-step goes with --train")
+    steps = config(args).steps
+    if args.crash_at_step is not None and not 0 <= args.crash_at_step < steps:
+        raise ddplab.UsageError(f"--crash-at-step {args.crash_at_step}: the run has {steps} steps"
+                                f"{' (--quick)' if args.quick else ''}, choose 0..{steps - 1}")
     return args
 
 

@@ -16,6 +16,7 @@ from conftest import REPO
 from torch import nn
 
 from ddplab import checkpoint as ck
+from ddplab import checkpoint_dcp as dcpck
 
 CPU = torch.device("cpu")
 
@@ -182,16 +183,51 @@ def test_dcp_round_trip_in_place_with_pruning(tmp_path, one_rank_group):
     model(torch.randn(2, 8)).sum().backward()
     optimizer.step()
     for step in (1, 2, 3):
-        ck.save_distributed(tmp_path, step, model, optimizer, {"step": step}, keep_last=2)
-    assert [p.name for p in ck.list_distributed(tmp_path)] == ["step_0000002", "step_0000003"]
+        dcpck.save_distributed(tmp_path, step, model, optimizer, {"step": step}, keep_last=2)
+    assert [p.name for p in dcpck.list_distributed(tmp_path)] == ["step_0000002", "step_0000003"]
     expected_rand = torch.rand(3)  # the generator state was saved before this draw
 
     torch.manual_seed(1)
     fresh = nn.Linear(8, 4)
     fresh_opt = torch.optim.AdamW(fresh.parameters())
-    extra = ck.load_distributed(ck.list_distributed(tmp_path)[-1], fresh, fresh_opt, {"step": 0})
+    latest = dcpck.list_distributed(tmp_path)[-1]
+    extra = dcpck.load_distributed(latest, fresh, fresh_opt, {"step": 0})
     assert extra == {"step": 3}
     assert torch.equal(fresh.weight, model.weight)
     assert torch.equal(fresh_opt.state_dict()["state"][0]["exp_avg"],
                        optimizer.state_dict()["state"][0]["exp_avg"])
     assert torch.equal(torch.rand(3), expected_rand)
+
+
+def test_optimizer_state_loaded_on_the_cpu_keeps_step_on_the_cpu(tmp_path):
+    """load_checkpoint maps to the CPU; load_state_dict moves the moments to each parameter's
+    device but leaves ``step`` where it was loaded (optimizer.py,
+    _process_value_according_to_param_policy): on a GPU, a step on the GPU would cost a host
+    synchronization per parameter per step."""
+    model = nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    ck.save_checkpoint({"optimizer": optimizer.state_dict()}, tmp_path, 1)
+    loaded = ck.load_checkpoint(ck.latest_checkpoint(tmp_path))
+    assert all(t.device.type == "cpu" for s in loaded["optimizer"]["state"].values()
+               for t in s.values())
+    fresh = torch.optim.AdamW(model.parameters())
+    fresh.load_state_dict(loaded["optimizer"])
+    assert fresh.state[model.weight]["step"].device.type == "cpu"
+
+
+def test_dcp_loads_in_one_process_without_a_process_group(tmp_path, one_rank_group):
+    """What a notebook does: dcp.load(..., no_dist=True) reads a checkpoint with no group."""
+    import torch.distributed.checkpoint as dcp
+
+    model = nn.Linear(8, 4)
+    dcpck.save_distributed(tmp_path, 1, model, torch.optim.SGD(model.parameters(), lr=1), {})
+    dist.destroy_process_group()
+    try:
+        plain = {"model": nn.Linear(8, 4).state_dict()}
+        with pytest.warns(UserWarning, match="assuming the intent is to load in a single"):
+            dcp.load(plain, checkpoint_id=tmp_path / "step_0000001", no_dist=True)
+        assert torch.equal(plain["model"]["weight"], model.weight)
+    finally:  # the fixture destroys the group it made
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

@@ -1,6 +1,7 @@
 """ddplab: the small library the chapters of *DDP from Scratch* build, one concept per module.
 
     launch.py    run a function on N ranks (mp.spawn or torchrun), clean failures
+    stopping.py  every exit path (error, hang, Ctrl-C, SIGTERM) ends every process it started
     ranks.py     who am I: RankContext, get("rank"), seeding, progress bars
     cli.py       the flags every chapter shares, bad input as one clear line
     results.py   results.json with provenance, staged chapter output
@@ -16,7 +17,7 @@
 
 from .bucketed_ddp import BucketedDDP
 from .cli import UsageError, chapter_parser, parse_chapter_args, positive
-from .launch import RankFailed, Run, choose_backend, launch, run_main
+from .launch import RankFailed, Run, check_rank, choose_backend, launch, run_main
 from .naive_ddp import NaiveDDP
 from .ranks import RankContext, get, progress, seed_everything
 from .results import chapter_output, read_results, write_results
@@ -25,6 +26,7 @@ from .ring import naive_all_reduce, ring_all_reduce
 __all__ = [
     "BucketedDDP", "NaiveDDP",
     "RankContext", "RankFailed", "Run", "UsageError", "chapter_output", "chapter_parser",
-    "choose_backend", "get", "launch", "naive_all_reduce", "parse_chapter_args", "positive",
+    "check_rank", "choose_backend", "get", "launch", "naive_all_reduce", "parse_chapter_args",
+    "positive",
     "progress", "read_results", "ring_all_reduce", "run_main", "seed_everything", "write_results",
 ]

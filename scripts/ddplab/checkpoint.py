@@ -7,8 +7,8 @@ have computed without the interruption.
   data parallelism means), so rank 0 alone writes one ``torch.save`` file.  The file appears
   under its final name only when it is complete (temporary file, fsync, ``os.replace``), and a
   SHA-256 beside it is the commit record: a checkpoint without one was never finished.
-* ``save_distributed`` / ``load_distributed``: ``torch.distributed.checkpoint`` (DCP), where
-  every rank writes its share into a directory and ``.metadata`` is written last.
+* ``checkpoint_dcp``: the same with ``torch.distributed.checkpoint`` (DCP), where every rank
+  writes its share into a directory.
 
 What "everything" means (model, optimizer, scheduler, position in the data, every random
 generator) is the training loop's business; this module stores what it is given, and captures
@@ -20,8 +20,8 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import shutil
 import time
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
@@ -57,7 +57,6 @@ def checksum_path(path: Path) -> Path:
 
 # --- random generators: one state per rank ---------------------------------------------------
 
-# --8<-- [start:rng]
 def rng_state(device: torch.device) -> dict:
     """This rank's generators: torch CPU, CUDA (on GPU), Python's ``random``, numpy's."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
@@ -84,6 +83,7 @@ def set_rng_state(state: dict, device: torch.device) -> None:
         np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
 
 
+# --8<-- [start:rng]
 def gather_rng_states(device: torch.device) -> list[dict] | None:
     """Every rank's generator states, gathered on rank 0 (None elsewhere). Collective.
 
@@ -148,13 +148,15 @@ def save_checkpoint(state: dict, directory: Path, step: int, keep_last: int = 3,
     if dist.is_initialized():
         dist.barrier()  # nobody runs ahead (or resumes) before the checkpoint exists
     return report
+# --8<-- [end:save]
 
 
+# --8<-- [start:write]
 def _write_atomically(state: dict, directory: Path, step: int) -> SaveReport:
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / checkpoint_name(step)
     tmp = directory / f".{final.name}.tmp-{os.getpid()}"  # same directory: same file system
-    clock = _Clock()
+    clock, digest = _Clock(), None
     try:
         with open(tmp, "wb") as f:
             digest = _HashingWriter(f)
@@ -168,11 +170,24 @@ def _write_atomically(state: dict, directory: Path, step: int) -> SaveReport:
         _write_text_atomically(checksum_path(final), f"{digest.hexdigest()}  {final.name}\n")
         _fsync_directory(directory)  # make the renames themselves durable
         clock.lap("rename")
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)  # a crash (SIGKILL, power) can still leave it: it is ignored
-        raise
+        clear = _disk_full(err, digest, final)
+        if clear is None:
+            raise
+        raise clear from None
     return SaveReport(final, final.stat().st_size, clock.laps)
-# --8<-- [end:save]
+# --8<-- [end:write]
+
+
+def _disk_full(err: BaseException, writer, final: Path) -> CheckpointError | None:
+    """A failed write as one clear line.  torch.save turns the OSError (disk full, file too
+    large) into 'unexpected pos ...'; the writer kept the original."""
+    disk = err if isinstance(err, OSError) else getattr(writer, "error", None)
+    if disk is None:
+        return None
+    return CheckpointError(f"cannot write {final}: {disk.strerror}; free some space or "
+                           "checkpoint somewhere else (the previous checkpoint is intact)")
 
 
 class _HashingWriter:
@@ -181,10 +196,15 @@ class _HashingWriter:
     def __init__(self, f):
         self._f = f
         self._sha = hashlib.sha256()
+        self.error: OSError | None = None
 
     def write(self, data) -> int:
         self._sha.update(data)
-        return self._f.write(data)
+        try:
+            return self._f.write(data)
+        except OSError as err:  # torch.save turns it into 'unexpected pos ...': keep it
+            self.error = err
+            raise
 
     def flush(self) -> None:
         self._f.flush()
@@ -227,7 +247,6 @@ def _prune(directory: Path, keep_last: int) -> None:
         old.unlink()
 
 
-# --8<-- [start:load]
 def list_checkpoints(directory: Path) -> list[Path]:
     """Complete checkpoints (those with a checksum file), oldest first."""
     directory = Path(directory)
@@ -242,26 +261,54 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(path: Path, device: torch.device) -> dict:
-    """Check the file against its SHA-256, then load it with every tensor on ``device``."""
+# --8<-- [start:load]
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:
+    """Check the file against its SHA-256, then load it, by default with every tensor on the CPU.
+
+    ``model.load_state_dict`` and ``optimizer.load_state_dict`` copy each tensor to its
+    parameter's device anyway; the optimizer's ``step`` counters stay where they are loaded
+    (torch/optim/optimizer.py, ``_process_value_according_to_param_policy``), and on the CPU
+    reading them costs no GPU synchronization at every step.
+    """
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    if not checksum_path(path).is_file():
-        raise CheckpointError(f"{path} has no {checksum_path(path).name}: it was never completely "
-                              "written; resume from an earlier checkpoint")
-    expected = checksum_path(path).read_text().split()[0]
-    if _sha256(path) != expected:
-        raise CheckpointError(f"{path} is truncated or corrupted ({path.stat().st_size} bytes, "
-                              f"SHA-256 does not match {checksum_path(path).name}); delete both "
-                              "files to resume from the previous checkpoint")
+    verify_checksum(path)  # one clear line if it is missing, unfinished, cut short or changed
     try:
-        # map_location: this rank's device, not the device the tensors were saved from.
-        return torch.load(path, map_location=device, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # a file whose checksum matches but torch cannot read
         first = str(err).strip().split("\n")[0][:160]
         raise CheckpointError(f"{path} cannot be loaded ({type(err).__name__}: {first})") from None
 # --8<-- [end:load]
+
+
+def verify_checksum(path: Path) -> None:
+    """Raise a one-line CheckpointError unless ``path`` is a complete, unchanged torch.save file."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    record = checksum_path(path)
+    if not record.is_file():
+        raise CheckpointError(f"{path} has no {record.name}: it was never completely written; "
+                              "resume from an earlier checkpoint")
+    expected = record.read_text().split()
+    if not expected:
+        raise CheckpointError(f"{record} is empty: the save was cut off; delete it and "
+                              f"{path.name} to resume from the previous checkpoint")
+    if _sha256(path) != expected[0]:
+        raise CheckpointError(f"{path} is truncated or corrupted ({path.stat().st_size} bytes, "
+                              f"SHA-256 does not match {record.name}); delete both files to "
+                              "resume from the previous checkpoint")
+    if not zipfile.is_zipfile(path):  # torch.save has written zip archives since torch 1.6
+        raise CheckpointError(f"{path} is not a torch.save file (its checksum matches: it was "
+                              "written so, not damaged on the way); check what wrote it")
+
+
+def check_same_run(saved: dict | None, current: dict, source: Path) -> None:
+    """Refuse to resume a run with other settings (seed, model size, ...): it would mix two runs."""
+    for key, value in current.items():
+        was = (saved or {}).get(key, "not recorded")
+        if was != value:
+            raise CheckpointError(f"{source} was saved by a run with {key}={was!r}, this run has "
+                                  f"{key}={value!r}: resume with the same settings, or start "
+                                  "with an empty checkpoint directory")
 
 
 def _sha256(path: Path) -> str:
@@ -289,60 +336,3 @@ def load_model_state(model: torch.nn.Module, state: dict, source: Path) -> None:
         raise CheckpointError(f"{source} does not match this model: missing {missing[:2]}, "
                               f"unexpected {unexpected[:2]}{hint}")
     model.load_state_dict(state)
-
-
-# --- torch.distributed.checkpoint: every rank writes its share ----------------------------------
-
-# --8<-- [start:dcp]
-def save_distributed(directory: Path, step: int, model, optimizer, extra: dict,
-                     keep_last: int = 3) -> Path:
-    """DCP: every rank calls this; each writes part of ``directory/step_NNNNNNN/``. Collective."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    path = Path(directory) / checkpoint_name(step).removesuffix(".pt")
-    model_state, optim_state = get_state_dict(model, optimizer)  # DDP's "module." removed
-    rank = dist.get_rank()
-    state = {"model": model_state, "optimizer": optim_state, "extra": extra,
-             f"rng/rank{rank}": rng_state(_device_of(model))}  # one key per rank
-    dcp.save(state, checkpoint_id=path)  # ends with a collective; .metadata is written last
-    if rank == 0:
-        for old in list_distributed(Path(directory))[:-keep_last]:
-            (old / ".metadata").unlink()  # first the commit record
-            shutil.rmtree(old)
-    dist.barrier()
-    return path
-
-
-def load_distributed(path: Path, model, optimizer, extra: dict) -> dict:
-    """Load in place into ``model``, ``optimizer`` and this rank's generators; returns ``extra``."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    device = _device_of(model)
-    model_state, optim_state = get_state_dict(model, optimizer)  # the tensors to load into
-    key = f"rng/rank{dist.get_rank()}"
-    state = {"model": model_state, "optimizer": optim_state, "extra": dict(extra),
-             key: rng_state(device)}
-    try:
-        dcp.load(state, checkpoint_id=path)
-    except Exception as err:
-        first = str(err).strip().split("\n")[0][:160]
-        raise CheckpointError(f"{path} cannot be loaded ({type(err).__name__}: {first})") from None
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])
-    set_rng_state(state[key], device)
-    return state["extra"]
-# --8<-- [end:dcp]
-
-
-def list_distributed(directory: Path) -> list[Path]:
-    """Complete DCP checkpoints (with ``.metadata``), oldest first."""
-    if not Path(directory).is_dir():
-        raise CheckpointError(f"checkpoint directory {directory} does not exist: check the path, "
-                              "or start without resuming")
-    return sorted(p for p in Path(directory).glob(f"{PREFIX}*") if (p / ".metadata").is_file())
-
-
-def _device_of(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device

@@ -8,7 +8,9 @@ started: one line on stderr that says what is wrong and what to do, exit code 2.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -16,6 +18,7 @@ from pathlib import Path
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_TIMEOUT_S = 120.0
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week; timedelta overflows long before infinity
 
 
 class UsageError(Exception):
@@ -36,6 +39,8 @@ def positive(kind: type[int] | type[float]):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")
         return value
@@ -79,6 +84,9 @@ def parse_chapter_args(parser: argparse.ArgumentParser, argv: list[str] | None =
     args = parser.parse_args(argv)
     try:
         check_args(args)
+        chapter = re.match(r"chapter(\d{2})_", parser.prog or "")
+        if chapter:
+            check_output_place(args.out, int(chapter.group(1)))
     except UsageError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
     return args
@@ -88,8 +96,14 @@ def check_args(args: argparse.Namespace) -> None:
     """Reject what cannot work before any process is started."""
     if args.world_size is not None and args.world_size < 1:
         raise UsageError(f"--world-size must be at least 1, got {args.world_size}")
+    for name, value in vars(args).items():  # every float flag, the chapter's own ones too
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    if args.timeout > MAX_TIMEOUT_S:
+        raise UsageError(f"--timeout {args.timeout:g} is more than a week; use at most "
+                         f"{MAX_TIMEOUT_S:g} seconds")
     cores = os.cpu_count() or 1
     if args.world_size is not None and args.world_size > cores and args.backend != "nccl":
         warnings.warn(
@@ -111,6 +125,17 @@ def check_writable(out: Path) -> None:
         raise UsageError(
             f"cannot write to --out {str(out)!r} ({reason}); choose a directory you can write to"
         ) from None
+
+
+def check_output_place(out: Path, chapter: int) -> None:
+    """``out/chapterNN`` must be a directory (or absent), with no directory where a file goes."""
+    place = Path(out) / f"chapter{chapter:02d}"
+    if place.exists() and not place.is_dir():
+        raise UsageError(f"{place} is a file, where this chapter writes its figures: move it, "
+                         "or choose another --out")
+    if (place / "results.json").is_dir():
+        raise UsageError(f"{place / 'results.json'} is a directory, where this chapter writes "
+                         "its results: move it, or choose another --out")
 
 
 def show_warnings_as_one_line() -> None:

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import pickle
+import signal
 import sys
 import tempfile
 import threading
@@ -34,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from . import stopping
 from .cli import UsageError, show_warnings_as_one_line
 from .ranks import RankContext, seed_everything
 from .results import provenance
@@ -102,6 +104,20 @@ def started_by_torchrun() -> bool:
     return all(name in os.environ for name in _TORCHRUN_VARS)
 
 
+def planned_world_size(args) -> int:
+    """The world size this run will have, known before any rank starts."""
+    if started_by_torchrun():
+        return int(os.environ["WORLD_SIZE"])
+    return args.world_size or default_world_size()
+
+
+def check_rank(flag: str, rank: int | None, args) -> None:
+    """Reject a rank this run will not have (``--crash-rank 5`` with 2 ranks would do nothing)."""
+    world = planned_world_size(args)
+    if rank is not None and not 0 <= rank < world:
+        raise UsageError(f"{flag} {rank}: this run has ranks 0..{world - 1}")
+
+
 def launch(worker: Worker, args) -> Run | None:
     """Run ``worker(ctx, args)`` on every rank; rank 0's result comes back as ``Run.result``.
 
@@ -133,18 +149,32 @@ def _spawn(worker: Worker, args, world_size: int, backend: str) -> Run:
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # we report instead
     with tempfile.TemporaryDirectory(prefix="ddplab-") as scratch:
         plan = _SpawnPlan(world_size, backend, store.port, Path(scratch))
+        ranks = mp.start_processes(_spawned_rank, args=(worker, args, plan), nprocs=world_size,
+                                   join=False, start_method="spawn")
         try:
-            mp.spawn(_spawned_rank, args=(worker, args, plan), nprocs=world_size, join=True)
+            # On a failure, join gives the other ranks STOP_GRACE_S to end by themselves, then
+            # SIGTERM and STOP_GRACE_S more, then SIGKILL: a frozen rank ends within
+            # --timeout (a peer gives up) + 2 * STOP_GRACE_S.
+            while not ranks.join(grace_period=stopping.STOP_GRACE_S):
+                pass
         except mp.ProcessExitedException as err:
             raise _root_cause(plan.scratch, err.error_index, died=_how_it_died(err)) from None
         except mp.ProcessRaisedException as err:  # raised before it could report (e.g. in init)
             raise _root_cause(plan.scratch, err.error_index, raised=err.msg) from None
+        finally:  # also on Ctrl-C or SIGTERM here: no rank outlives this process
+            stopping.stop_processes(ranks.processes)
+            for path in ranks.error_files:  # mp.spawn's reports of a rank's error, in $TMPDIR
+                Path(path).unlink(missing_ok=True)
         with open(plan.scratch / "result.pkl", "rb") as f:
             return pickle.load(f)
 
 
 def _spawned_rank(rank: int, worker: Worker, args, plan: _SpawnPlan) -> None:
     """Entry point of each spawned process (mp.spawn passes the process index as the rank)."""
+    # Ctrl-C reaches every process of the terminal's group: the launching process stops the
+    # ranks (at once, and with the last word); and if it dies, the kernel ends its ranks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _end_with_parent()
     # The same variables torchrun would set, so code written for torchrun works unchanged.
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(plan.world_size),
                       LOCAL_WORLD_SIZE=str(plan.world_size), MASTER_ADDR="127.0.0.1",
@@ -164,6 +194,14 @@ def _spawned_rank(rank: int, worker: Worker, args, plan: _SpawnPlan) -> None:
         with open(plan.scratch / "result.pkl", "wb") as f:
             pickle.dump(run, f)
     exit_without_teardown(0)
+
+
+def _end_with_parent() -> None:
+    """SIGKILL this rank when the launching process dies (mp.spawn asks for SIGINT, which a
+    rank busy in C++ or ignoring SIGINT would not act on).  Linux only; elsewhere a no-op."""
+    set_pdeathsig = getattr(mp, "_prctl_pr_set_pdeathsig", None)
+    if set_pdeathsig is not None:
+        set_pdeathsig(signal.SIGKILL)
 
 
 def exit_without_teardown(code: int) -> None:
@@ -204,6 +242,14 @@ def _root_cause(scratch: Path, rank: int, *, died: str | None = None,
         lines = raised.strip().splitlines()
         return RankFailed(rank, lines[-1] if lines else "failed with no error message", raised)
     return RankFailed(first["rank"], first["summary"], first["traceback"])
+
+
+def _timeout_hint(summary: str) -> str:
+    """A collective that timed out names the rank that waited, not the one that never came."""
+    if "timed out" not in summary.lower():
+        return ""
+    return (" — another rank did not arrive within --timeout (it hung, froze or is too slow: "
+            "look at what it was doing, or raise --timeout)")
 
 
 def _is_follow_on(summary: str) -> bool:
@@ -308,19 +354,29 @@ def _one_line(err: BaseException) -> str:
 def run_main(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> int:
     """Run a chapter's ``main`` and turn failures into one clear last line and an exit code."""
     show_warnings_as_one_line()
+    if not started_by_torchrun():  # a rank under torchrun leaves SIGTERM to torchrun
+        stopping.stop_on_sigterm()
     try:
         main(argv)
     except RankFailed as err:
         if err.details:
             sys.stderr.write(f"\n--- traceback from rank {err.rank} ---\n{err.details}\n")
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        return _last_line(f"error: {err}{_timeout_hint(str(err))}", 1)
     except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return _last_line(f"error: {err}", 2)
+    except stopping.Stopped as err:
+        return _last_line(f"error: {err}; every rank was stopped", err.exit_code)
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        return _last_line("error: interrupted (Ctrl-C); every rank was stopped", 130)
     if started_by_torchrun():
         exit_without_teardown(0)  # this process is a rank: the same teardown risk as above
     return 0
+
+
+def _last_line(message: str, code: int) -> int:
+    """Print ``message`` after anything else this run has to say (the resource tracker's
+    warnings about what a killed rank left), so that it is the line the reader sees last."""
+    stopping.flush_resource_tracker()
+    sys.stdout.flush()
+    print(message, file=sys.stderr)
+    return code

@@ -1,12 +1,13 @@
 """results.json and the figures beside it: every number the book prints, with where it came from.
 
 A chapter computes first and writes last.  ``chapter_output`` hands out a staging directory; only
-when everything in it was written does it move the files into ``DIR/chapterNN/``.  A run that
-fails half-way leaves the previous results untouched.
+when everything in it was written does it put it in place of ``DIR/chapterNN/``, as one set.  A
+run that fails half-way leaves the previous results untouched.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -112,17 +113,40 @@ def read_results(out: Path, chapter: int) -> dict:
 
 @contextmanager
 def chapter_output(out: Path, chapter: int) -> Iterator[Path]:
-    """Stage a chapter's files, then move them into ``out/chapterNN`` all at once on success."""
+    """Stage a chapter's files, then put them in place of ``out/chapterNN`` as one set.
+
+    The new directory replaces the old one whole: a figure this run did not draw (a part it
+    skipped) does not survive next to a results.json that says it was skipped.
+    """
     final = Path(out) / f"chapter{chapter:02d}"
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".chapter{chapter:02d}-", dir=final.parent))
     try:
         yield staging
-        final.mkdir(exist_ok=True)
-        for item in sorted(staging.iterdir()):
-            os.replace(item, final / item.name)
+        _swap_into_place(staging, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _swap_into_place(staging: Path, final: Path) -> None:
+    """Two renames, under a lock on the parent directory so that concurrent runs take turns.
+
+    Between the renames ``final`` is briefly absent; a crash there leaves the previous set in
+    ``.chapterNN-old-PID`` next to it.
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp's directory is private; figures are not
+    lock = os.open(final.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old = final.with_name(f".{final.name}-old-{os.getpid()}")
+        if final.exists():
+            os.replace(final, old)
+        os.replace(staging, final)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        os.close(lock)  # closing releases the lock
 
 
 def _atomic_write_text(path: Path, text: str) -> None:

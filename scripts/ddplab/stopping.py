@@ -1,0 +1,107 @@
+"""Ending a run on every exit path: no process left running, no temporary file left behind.
+
+A run ends in one of four ways: it finishes, a rank fails, the reader presses Ctrl-C, or
+something sends SIGTERM (``kill``, a job scheduler).  The last three must end every process the
+run started, at once, and the files they leave: this module is how.
+
+* ``stop_on_sigterm()`` turns SIGTERM into an exception, so that the launching process runs its
+  ``finally`` blocks (stop the ranks, remove the temporary directory) instead of vanishing.
+* ``stop_processes(procs)`` ends processes we started: SIGTERM, a short grace, then SIGKILL —
+  a stopped (SIGSTOP) or stuck process ignores SIGTERM until it runs again, SIGKILL it does not.
+* ``end_process_tree(popen)`` ends a subprocess and everything under it (torchrun starts each
+  rank in a session of its own, so its process group alone does not reach them).
+* ``flush_resource_tracker()`` makes multiprocessing's resource tracker say what it has to say
+  (warnings about semaphores a killed rank never released) *before* our last line, not after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterable
+
+STOP_GRACE_S = 2.0  # how long a process gets to end by itself after SIGTERM
+
+
+class Stopped(KeyboardInterrupt):
+    """The run was stopped from outside by a signal; the message names it."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.exit_code = 128 + signum  # what a shell reports for a process the signal ended
+
+
+def stop_on_sigterm() -> None:
+    """From now on SIGTERM (and SIGHUP: the terminal closed) raises ``Stopped`` here."""
+    def stop(signum, frame):
+        raise Stopped(signum)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
+def stop_processes(procs: Iterable, grace: float = STOP_GRACE_S) -> None:
+    """End multiprocessing ``Process`` objects that are still alive; wait until they are gone."""
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.terminate()  # SIGTERM
+    deadline = time.monotonic() + grace
+    for p in alive:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in alive:
+        if p.is_alive():
+            p.kill()  # SIGKILL: also ends a stopped or stuck process
+        p.join()
+
+
+def end_process_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` (started with ``start_new_session=True``) and all its descendants.
+
+    The group is frozen first (SIGSTOP), so that nobody starts a new process (torchrun
+    restarting its workers) while we list who is there.
+    """
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGSTOP)
+    for pid in [*_descendants(proc.pid), proc.pid]:
+        for kill in (os.killpg, os.kill):  # its process group (torchrun's ranks have their own)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _descendants(root: int) -> list[int]:
+    """PIDs of every process below ``root``, read from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])  # after "(comm)": state ppid
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def flush_resource_tracker() -> None:
+    """Stop multiprocessing's resource tracker now (if this process started one).
+
+    It warns about (and cleans up) semaphores that a killed rank never released — when it
+    stops, which would otherwise be after our last line, as the interpreter exits.
+    """
+    from multiprocessing import resource_tracker
+
+    tracker = resource_tracker._resource_tracker
+    if getattr(tracker, "_fd", None) is not None:
+        with contextlib.suppress(Exception):  # _stop: private, but there since Python 3.8
+            tracker._stop()
