@@ -8,6 +8,7 @@ import json
 import gpu_check  # scripts/ is on pytest's pythonpath
 import pytest
 import torch
+from conftest import run_script
 
 from ddplab.cli import UsageError
 from ddplab.devices import place
@@ -83,3 +84,11 @@ def test_headline_skips_missing_keys():
     results = json.loads('{"equivalence": {"bucketed_vs_native": 0.0}}')
     assert gpu_check.headline("05", results) == "bucketed_vs_native=0"
     assert gpu_check.headline("02", {}) == "—"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without GPU")
+def test_a_chapter_refuses_device_cuda_without_a_gpu_in_one_line(tmp_path):
+    run = run_script("scripts/chapter01_processes.py", "--device", "cuda", "--out", str(tmp_path))
+    assert run.returncode == 2
+    last = run.stderr.strip().splitlines()
+    assert len(last) == 1 and "--device cuda: no CUDA GPU is visible" in last[0]

@@ -155,12 +155,12 @@ def test_more_ranks_than_cores_is_allowed_with_a_warning(tmp_path, monkeypatch):
     assert args.world_size == 3
 
 
-def test_choose_backend():
-    assert ddplab.choose_backend("gloo", 4) == "gloo"
+def test_placement_on_this_machine():
+    assert ddplab.place("auto", "gloo", 4).backend == "gloo"
     if not _enough_gpus(2):
-        assert ddplab.choose_backend("auto", 2) == "gloo"
+        assert ddplab.place("auto", "auto", 2).backend == "gloo"
         with pytest.raises(ddplab.UsageError, match=r"^--backend nccl"):
-            ddplab.choose_backend("nccl", 2)
+            ddplab.place("auto", "nccl", 2)
 
 
 def test_get_rejects_unknown_keys():

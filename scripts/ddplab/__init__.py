@@ -1,5 +1,6 @@
 """ddplab: the small library the chapters of *DDP from Scratch* build, one concept per module.
 
+    devices.py   --device/--backend: which backend, which device each rank computes on
     launch.py    run a function on N ranks (mp.spawn or torchrun), clean failures
     stopping.py  every exit path (error, hang, Ctrl-C, SIGTERM) ends every process it started
     ranks.py     who am I: RankContext, get("rank"), seeding, progress bars
@@ -17,16 +18,34 @@
 
 from .bucketed_ddp import BucketedDDP
 from .cli import UsageError, chapter_parser, parse_chapter_args, positive
-from .launch import RankFailed, Run, check_rank, choose_backend, launch, run_main
+from .devices import Placement, place
+from .launch import RankFailed, Run, check_rank, launch, run_main
 from .naive_ddp import NaiveDDP
 from .ranks import RankContext, get, progress, seed_everything
 from .results import chapter_output, read_results, write_results
 from .ring import naive_all_reduce, ring_all_reduce
 
 __all__ = [
-    "BucketedDDP", "NaiveDDP",
-    "RankContext", "RankFailed", "Run", "UsageError", "chapter_output", "chapter_parser",
-    "check_rank", "choose_backend", "get", "launch", "naive_all_reduce", "parse_chapter_args",
+    "BucketedDDP",
+    "NaiveDDP",
+    "Placement",
+    "RankContext",
+    "RankFailed",
+    "Run",
+    "UsageError",
+    "chapter_output",
+    "chapter_parser",
+    "check_rank",
+    "get",
+    "launch",
+    "naive_all_reduce",
+    "parse_chapter_args",
+    "place",
     "positive",
-    "progress", "read_results", "ring_all_reduce", "run_main", "seed_everything", "write_results",
+    "progress",
+    "read_results",
+    "ring_all_reduce",
+    "run_main",
+    "seed_everything",
+    "write_results",
 ]

@@ -17,6 +17,7 @@ import warnings
 from pathlib import Path
 
 BACKENDS = ("auto", "gloo", "nccl")
+DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_TIMEOUT_S = 120.0
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week; timedelta overflows long before infinity
 
@@ -64,7 +65,12 @@ def chapter_parser(doc: str | None, prog: str | None = None) -> ChapterArgumentP
     )
     parser.add_argument(
         "--backend", choices=BACKENDS, default="auto",
-        help="auto: nccl with one GPU per rank when there are enough GPUs, else gloo on CPU",
+        help="auto: nccl with one GPU per rank when there are enough GPUs, else gloo",
+    )
+    parser.add_argument(
+        "--device", choices=DEVICES, default="auto",
+        help="auto: the GPUs when there are any (a 1-GPU box shares its GPU over gloo), else the "
+             "CPU; --backend gloo alone keeps the CPU",
     )
     parser.add_argument("--quick", action="store_true",
                         help="small sizes, under a minute on a 2-core laptop (what the tests run)")

@@ -18,19 +18,34 @@ has no point-to-point for CUDA tensors: chapters 02-03 stage those through the C
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from .cli import UsageError
-
-DEVICES = ("auto", "cpu", "cuda")
+from .cli import DEVICES, UsageError
 
 
 def gpu_count() -> int:
     """CUDA GPUs this process can see (0 on a CPU build of torch)."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def default_world_size() -> int:
+    """One rank per GPU when there are at least two GPUs, else two processes."""
+    gpus = gpu_count()
+    return gpus if gpus >= 2 else 2
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: a container or a job scheduler (Slurm, taskset) may
+    pin it to fewer than ``os.cpu_count()``.  (A CPU *quota* — docker --cpus, Kubernetes
+    limits — is not visible here: the process still sees every core it may be scheduled on.)"""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -51,6 +66,7 @@ class Placement:
         return self.device_type == "cuda" and ranks_on_this_machine > self.gpus
 
 
+# --8<-- [start:place]
 def place(device: str, backend: str, ranks_on_this_machine: int, *, gpus: int | None = None,
           nccl_available: bool | None = None) -> Placement:
     """Check ``--device``/``--backend`` against this machine; raise UsageError if they can't work.
@@ -72,6 +88,7 @@ def place(device: str, backend: str, ranks_on_this_machine: int, *, gpus: int | 
         one_gpu_each = device == "cuda" and nccl and gpus >= ranks_on_this_machine
         backend = "nccl" if one_gpu_each else "gloo"
     return Placement(backend=backend, device_type=device, gpus=gpus)
+# --8<-- [end:place]
 
 
 def _check_nccl(device: str, ranks: int, gpus: int, nccl: bool) -> None:

@@ -37,6 +37,7 @@ import torch.multiprocessing as mp
 
 from . import stopping
 from .cli import UsageError, show_warnings_as_one_line
+from .devices import Placement, default_world_size, place, usable_cores
 from .ranks import RankContext, seed_everything
 from .results import provenance
 
@@ -59,45 +60,6 @@ class RankFailed(Exception):
         super().__init__(f"rank {rank} failed: {summary}")
         self.rank = rank
         self.details = details
-
-
-def gpu_count() -> int:
-    """CUDA GPUs this process can see (0 on a CPU build of torch)."""
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-# --8<-- [start:choose_backend]
-def choose_backend(requested: str, ranks_on_this_machine: int) -> str:
-    """nccl when every rank on this machine can have a GPU of its own, else gloo on CPU."""
-    gpus = gpu_count()
-    if requested == "auto":
-        enough_gpus = gpus >= ranks_on_this_machine and dist.is_nccl_available()
-        return "nccl" if enough_gpus else "gloo"
-    if requested == "nccl" and not dist.is_nccl_available():
-        raise UsageError("--backend nccl: this torch build has no NCCL (a CPU build?); "
-                         "use --backend gloo")
-    if requested == "nccl" and gpus < ranks_on_this_machine:
-        # Two ranks on one GPU is not supported by NCCL: say so before NCCL does, cryptically.
-        hint = f"--world-size {gpus} or " if gpus > 1 else ""
-        raise UsageError(f"--backend nccl needs one GPU per rank: {ranks_on_this_machine} ranks "
-                         f"on this machine but {gpus} GPU(s) found; use {hint}--backend gloo")
-    return requested
-# --8<-- [end:choose_backend]
-
-
-def default_world_size() -> int:
-    """One rank per GPU when there are at least two GPUs, else two CPU processes."""
-    gpus = gpu_count()
-    return gpus if gpus >= 2 else 2
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: a container or a job scheduler (Slurm, taskset) may
-    allow fewer than ``os.cpu_count()``, which counts every core of the machine."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def started_by_torchrun() -> bool:
@@ -127,8 +89,12 @@ def launch(worker: Worker, args) -> Run | None:
     if started_by_torchrun():
         return _launched_by_torchrun(worker, args)
     world_size = args.world_size or default_world_size()
-    backend = choose_backend(args.backend, world_size)
-    return _spawn(worker, args, world_size, backend)
+    placement = place(_device_flag(args), args.backend, world_size)
+    return _spawn(worker, args, world_size, placement)
+
+
+def _device_flag(args) -> str:
+    return getattr(args, "device", "auto")  # a script with its own parser may not have --device
 
 
 # --- mp.spawn: this process starts the ranks -------------------------------------------------
@@ -136,19 +102,19 @@ def launch(worker: Worker, args) -> Run | None:
 @dataclass(frozen=True)
 class _SpawnPlan:
     world_size: int
-    backend: str
+    placement: Placement
     store_port: int
     scratch: Path  # where ranks leave their result and error reports
 
 
-def _spawn(worker: Worker, args, world_size: int, backend: str) -> Run:
+def _spawn(worker: Worker, args, world_size: int, placement: Placement) -> Run:
     # The rendezvous is a key-value store the ranks meet at.  This process hosts it on a port
     # the OS picks (port 0), so two runs never fight over a port and nothing needs to be freed.
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=args.timeout))
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # we report instead
     with tempfile.TemporaryDirectory(prefix="ddplab-") as scratch:
-        plan = _SpawnPlan(world_size, backend, store.port, Path(scratch))
+        plan = _SpawnPlan(world_size, placement, store.port, Path(scratch))
         ranks = mp.start_processes(_spawned_rank, args=(worker, args, plan), nprocs=world_size,
                                    join=False, start_method="spawn")
         try:
@@ -188,7 +154,7 @@ def _spawned_rank(rank: int, worker: Worker, args, plan: _SpawnPlan) -> None:
         (plan.scratch / f"error-rank{rank}.json").write_text(json.dumps(failure))
 
     run = _run_rank(worker, args, rank=rank, local_rank=rank, world_size=plan.world_size,
-                    local_world_size=plan.world_size, backend=plan.backend,
+                    local_world_size=plan.world_size, placement=plan.placement,
                     launcher="mp.spawn", store=store, on_error=report)
     if run is not None:
         with open(plan.scratch / "result.pkl", "wb") as f:
@@ -270,12 +236,12 @@ def _launched_by_torchrun(worker: Worker, args) -> Run | None:
     if args.world_size is not None and args.world_size != world_size:
         raise UsageError(f"--world-size {args.world_size} does not match torchrun's {world_size} "
                          "processes; leave --world-size out under torchrun")
-    backend = choose_backend(args.backend, local_world_size)
+    placement = place(_device_flag(args), args.backend, local_world_size)
     first_failure: list[int | None] = []
     try:
         return _run_rank(worker, args, rank=rank, local_rank=int(os.environ["LOCAL_RANK"]),
                          world_size=world_size, local_world_size=local_world_size,
-                         backend=backend, launcher="torchrun", store=None,
+                         placement=placement, launcher="torchrun", store=None,
                          on_error=lambda err, first: first_failure.append(first))
     except Exception as err:
         first = first_failure[0] if first_failure else None
@@ -296,20 +262,20 @@ _FOLLOW_ON_GRACE_S = 5.0
 
 # --8<-- [start:run_rank]
 def _run_rank(worker: Worker, args, *, rank: int, local_rank: int, world_size: int,
-              local_world_size: int, backend: str, launcher: str, store: dist.Store | None,
+              local_world_size: int, placement: Placement, launcher: str,
+              store: dist.Store | None,
               on_error: Callable[[BaseException, int | None], None]) -> Run | None:
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)  # one GPU per rank, chosen before any CUDA work
-        device = torch.device("cuda", local_rank)
+    device, backend = placement.device_for(local_rank), placement.backend
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # this rank's GPU, chosen before any CUDA work
     else:
-        device = torch.device("cpu")
         # N ranks sharing the cores: without this each rank starts one thread per core.
         torch.set_num_threads(max(1, usable_cores() // local_world_size))
 
     init = {"backend": backend, "rank": rank, "world_size": world_size,
             "timeout": timedelta(seconds=args.timeout)}
     init.update({"store": store} if store is not None else {"init_method": "env://"})
-    if device.type == "cuda":
+    if backend == "nccl":
         init["device_id"] = device  # binds the NCCL communicator to this rank's GPU
     dist.init_process_group(**init)
     try:
