@@ -17,7 +17,7 @@ STAMP    := $(VENV)/.installed
 CHAPTERS := $(sort $(patsubst scripts/chapter%.py,%,$(wildcard scripts/chapter[0-9][0-9]_*.py)))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-browser lint figures bench docs docs-offline serve clean distclean
+.PHONY: help setup test test-browser lint figures bench gpu-check docs docs-offline serve clean distclean
 
 help: ## list the targets
 	@echo "DDP from Scratch — targets (each one sets up .venv first if needed):"
@@ -43,6 +43,9 @@ run-chapter%: $(STAMP) ## run chapter NN (e.g. make run-chapter05); figures go t
 figures: $(STAMP) ## run every chapter in full and refresh figures/ (one at a time: timings stay fair)
 	@set -e; for c in $(CHAPTERS); do \
 	  echo "== chapter $$c"; $(PY) scripts/chapter$$c.py $(ARGS); done
+
+gpu-check: $(STAMP) ## every chapter --quick on this box's GPUs, each mode it supports, into figures/gpu/
+	$(PY) scripts/gpu_check.py $(ARGS)
 
 bench: $(STAMP) ## each chapter's --quick, one at a time, into a scratch dir: wall times, >60 s flagged
 	$(PY) tools/bench.py $(ARGS)

@@ -30,6 +30,7 @@ import torch.distributed as dist
 import ddplab
 from ddplab import timing
 from ddplab.launch import gpu_count, started_by_torchrun
+from ddplab.ranks import point_to_point_context
 
 CHAPTER = 2
 CPU_WORLD_SIZE = 4
@@ -270,6 +271,7 @@ def time_collectives(ctx: ddplab.RankContext, nbytes: int) -> dict[str, float]:
 
 def worker(ctx: ddplab.RankContext, args) -> dict | None:
     """Runs on every rank."""
+    ctx = point_to_point_context(ctx)  # a GPU shared over gloo: CPU tensors (gloo's p2p)
     nbytes = QUICK_TIMED_BYTES if ctx.quick else TIMED_BYTES
     nbytes -= nbytes % (4 * ctx.world_size)  # whole float32 pieces for every rank
     support = probe_support(ctx)

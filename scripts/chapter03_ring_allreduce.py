@@ -32,6 +32,7 @@ import torch.distributed as dist
 import ddplab
 from ddplab import timing
 from ddplab.launch import gpu_count
+from ddplab.ranks import point_to_point_context
 from ddplab.ring import SEGMENT_BYTES, RingStep, naive_all_reduce, ring_all_reduce
 
 CHAPTER = 3
@@ -199,6 +200,7 @@ def add_cost(ctx: ddplab.RankContext) -> float:
 
 def worker(ctx: ddplab.RankContext, args) -> dict | None:
     """Runs on every rank: check, trace, benchmark."""
+    ctx = point_to_point_context(ctx)  # a GPU shared over gloo: CPU tensors (gloo's p2p)
     sizes = QUICK_SIZES if ctx.quick else SIZES
     result = {"correctness": correctness(ctx), "trace": record_trace(ctx),
               "sizes": sizes, "times_ms": benchmark(ctx, sizes, IMPLS),
@@ -211,6 +213,7 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
 
 def sweep_worker(ctx: ddplab.RankContext, args) -> dict | None:
     """Runs on every rank of a world-size sweep launch: one size, the three implementations."""
+    ctx = point_to_point_context(ctx)  # a GPU shared over gloo: CPU tensors (gloo's p2p)
     size = sweep_size(ctx.quick)
     times = benchmark(ctx, [size], IMPLS)
     result = {"times_ms": {name: t[0] for name, t in times.items()}, "trace": record_trace(ctx)}

@@ -92,3 +92,14 @@ def test_a_chapter_refuses_device_cuda_without_a_gpu_in_one_line(tmp_path):
     assert run.returncode == 2
     last = run.stderr.strip().splitlines()
     assert len(last) == 1 and "--device cuda: no CUDA GPU is visible" in last[0]
+
+
+def test_point_to_point_chapters_keep_cpu_tensors_on_a_gpu_shared_over_gloo():
+    from ddplab.ranks import RankContext, point_to_point_context
+
+    def ctx(backend, device):
+        return RankContext(rank=0, local_rank=0, world_size=2, backend=backend,
+                           device=torch.device(device), seed=0, quick=True, launcher="mp.spawn")
+    assert point_to_point_context(ctx("gloo", "cuda:0")).device == torch.device("cpu")
+    assert point_to_point_context(ctx("nccl", "cuda:1")).device == torch.device("cuda", 1)
+    assert point_to_point_context(ctx("gloo", "cpu")).device == torch.device("cpu")

@@ -13,7 +13,7 @@ import random
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TextIO
 
 import torch
@@ -37,6 +37,14 @@ class RankContext:
     def is_main(self) -> bool:
         """Rank 0 prints, plots and writes files; the others only compute."""
         return self.rank == 0
+
+
+def point_to_point_context(ctx: RankContext) -> RankContext:
+    """gloo has no send/recv for CUDA tensors: where the ranks share a GPU over gloo, a chapter
+    that sends and receives (02, 03) keeps its tensors on the CPU (docs/running.md says so)."""
+    if ctx.backend == "gloo" and ctx.device.type == "cuda":
+        return replace(ctx, device=torch.device("cpu"))
+    return ctx
 
 
 _GET_KEYS = {
