@@ -71,6 +71,9 @@ def chapter_parser(doc: str | None, prog: str | None = None) -> ChapterArgumentP
         help="how long a rank waits in a collective before the run is declared hung "
              f"(default: {DEFAULT_TIMEOUT_S:g})",
     )
+    parser.add_argument("--replot", action="store_true",
+                        help="only redraw the figures from DIR/chapterNN/results.json (and the "
+                             "files beside it) of an earlier run; starts no rank")
     return parser
 
 
