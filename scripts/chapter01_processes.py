@@ -182,9 +182,9 @@ def main(argv: list[str] | None = None) -> dict | None:
         ddplab.write_results(out, CHAPTER, metrics, run.provenance)
         write_figure_data(out, "replicas.json",  # the weights replicas.png draws
                           {name: r["weights"] for name, r in result["replicas"].items()})
-        figures = draw_figures(out, drawing.draw)
+        drawn = draw_figures(out, drawing.draw)
     print(summarize(result))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(figures)}, replicas.json, "
+    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(drawn)}, replicas.json, "
           "results.json}")
     return metrics
 
