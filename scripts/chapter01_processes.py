@@ -10,8 +10,10 @@ Run it:
     python scripts/chapter01_processes.py --world-size 4
     torchrun --standalone --nproc-per-node 2 scripts/chapter01_processes.py  # same code, torchrun
     python scripts/chapter01_processes.py --crash-rank 1        # see how a failing rank is reported
+    python scripts/chapter01_processes.py --replot              # only redraw the figures
 
-Writes figures/chapter01/{ranks.png, replicas.png, results.json} (or under --out DIR).
+Writes figures/chapter01/{ranks.png, replicas.png, replicas.json, results.json} (or under
+--out DIR); the figures are drawn from the two JSON files alone (scripts/figures/chapter01.py).
 Chapter 01 is small enough that --quick changes nothing.
 """
 
@@ -26,6 +28,8 @@ import torch.distributed as dist
 from torch import nn
 
 import ddplab
+from ddplab.replot import draw_figures, replot, write_figure_data
+from figures import chapter01 as drawing
 
 CHAPTER = 1
 
@@ -139,73 +143,7 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
     return result if ctx.is_main else None
 
 
-# --- drawing and reporting (rank 0 / the launching process) -----------------------------------
-
-def draw_ranks(ranks: list[dict], path) -> None:
-    """One box per process, grouped by machine: what each rank knows about itself."""
-    from matplotlib.patches import FancyBboxPatch
-
-    from ddplab import plotting
-
-    n = len(ranks)
-    cols = min(n, 4)
-    rows = (n + cols - 1) // cols
-    fig, ax = plotting.figure(height=0.4 + 1.6 * rows)
-    ax.set_xlim(0, cols)
-    ax.set_ylim(0, rows + 0.35)
-    ax.axis("off")
-    ax.add_patch(FancyBboxPatch((0.02, 0.05), cols - 0.04, rows + 0.2,
-                                boxstyle="round,pad=0.02", fill=False, linestyle="--",
-                                edgecolor=plotting.OKABE_ITO["grey"]))
-    ax.text(0.06, rows + 0.17, f"machine {ranks[0]['host']}  —  world size {n}, "
-            f"backend {ranks[0]['backend']}", fontsize=9, va="center",
-            color=plotting.OKABE_ITO["grey"])
-    members = {}  # group name -> the global ranks in it
-    for r in ranks:
-        members.setdefault(r["group"], []).append(r["rank"])
-    for r in ranks:
-        x, y = r["rank"] % cols, rows - 1 - r["rank"] // cols
-        color = plotting.rank_color(r["rank"])
-        ax.add_patch(FancyBboxPatch((x + 0.08, y + 0.12), 0.84, 0.86, boxstyle="round,pad=0.02",
-                                    facecolor=color, alpha=0.15, edgecolor=color))
-        group = ", ".join(map(str, members[r["group"]]))
-        lines = [f"rank {r['rank']}", f"local rank {r['local_rank']}",
-                 f"pid {r['pid']}", f"{r['device']}, {r['threads']} thread(s)",
-                 f"group '{r['group']}' = ranks {{{group}}}",
-                 f"rank {r['group_rank']} inside it (size {r['group_size']})",
-                 f"its all-reduce of ranks: {r['group_sum_of_ranks']:g}"]
-        ax.text(x + 0.5, y + 0.55, "\n".join(lines), ha="center", va="center", fontsize=8)
-    plotting.save(fig, path)
-
-
-REPLICA_LABELS = {"same_seed": "same seed", "seed_plus_rank": "seed + rank",
-                  "seed_plus_rank_then_broadcast": "seed + rank, then broadcast"}
-
-
-def draw_replicas(replica_runs: dict, path, max_ranks: int = 4) -> None:
-    """Rows: how the replicas were built.  Columns: ranks.  Cells: first-layer weights."""
-    from ddplab import plotting
-
-    names = list(replica_runs)
-    world = min(len(replica_runs[names[0]]["weights"]), max_ranks)
-    fig, axes = plotting.figure(len(names), world, height=1.6 * len(names) + 0.4, squeeze=False)
-    for row, name in enumerate(names):
-        run = replica_runs[name]
-        for rank, block in enumerate(run["weights"][:world]):
-            ax = axes[row][rank]
-            ax.imshow(block, cmap="cividis", vmin=-0.25, vmax=0.25)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            ax.grid(False)
-            ax.spines[:].set_visible(False)
-            if row == 0:
-                ax.set_title(f"rank {rank}")
-            if rank == 0:
-                ax.set_ylabel(f"{REPLICA_LABELS[name]}\nmax |Δ| = {run['max_abs_diff']:.3g}",
-                              rotation=0, ha="right", va="center", fontsize=9)
-    fig.suptitle("First layer's weights (top-left 8×8 block) on each rank")
-    plotting.save(fig, path)
-
+# --- reporting (rank 0 / the launching process; the figures: scripts/figures/chapter01.py) ---
 
 def summarize(result: dict) -> str:
     lines = ["rank  local  pid      device  group         group rank  group sum of ranks"]
@@ -217,8 +155,8 @@ def summarize(result: dict) -> str:
                  f"(expected {result['expected_sum_of_ranks']:g})")
     for name, run in result["replicas"].items():
         verdict = "identical" if run["max_abs_diff"] == 0 else "DIFFERENT"
-        lines.append(f"replicas, {REPLICA_LABELS[name]:<28} max |Δ| = {run['max_abs_diff']:.3g}"
-                     f"  ({verdict})")
+        label = drawing.REPLICA_LABELS[name]
+        lines.append(f"replicas, {label:<28} max |Δ| = {run['max_abs_diff']:.3g}  ({verdict})")
     return "\n".join(lines)
 
 
@@ -233,18 +171,23 @@ def parse_args(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
+    if args.replot:  # redraw the figures from the last run's files; no rank is started
+        replot(args.out, CHAPTER, drawing.draw)
+        return None
     run = ddplab.launch(worker, args)
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
         return None
     result = run.result
     with ddplab.chapter_output(args.out, CHAPTER) as out:
-        draw_ranks(result["ranks"], out / "ranks.png")
-        draw_replicas(result["replicas"], out / "replicas.png")
         metrics = {**result, "replicas": {name: {"max_abs_diff": r["max_abs_diff"]}
                                           for name, r in result["replicas"].items()}}
         ddplab.write_results(out, CHAPTER, metrics, run.provenance)
+        write_figure_data(out, "replicas.json",  # the weights replicas.png draws
+                          {name: r["weights"] for name, r in result["replicas"].items()})
+        drawn = draw_figures(out, drawing.draw)
     print(summarize(result))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{ranks.png, replicas.png, results.json}}")
+    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(drawn)}, replicas.json, "
+          "results.json}")
     return metrics
 
 

@@ -11,11 +11,13 @@ Run it:
     python scripts/chapter02_collectives.py --world-size 3
     torchrun --standalone --nproc-per-node 4 scripts/chapter02_collectives.py  # same, torchrun
     make run-chapter02
+    python scripts/chapter02_collectives.py --replot         # only redraw the figures
 
 On CPU this chapter defaults to 4 ranks, not 2: with two ranks, scatter, all_to_all and
 reduce_scatter hardly look different from each other.  (On a GPU box: one rank per GPU.)
 Writes figures/chapter02/{send_recv, broadcast, scatter, gather, reduce, all_gather,
-all_reduce, reduce_scatter, all_to_all}.png and results.json (or under --out DIR).
+all_reduce, reduce_scatter, all_to_all}.png and results.json (or under --out DIR); the figures
+are drawn from results.json alone (scripts/figures/chapter02.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import ddplab
 from ddplab import timing
 from ddplab.launch import gpu_count, started_by_torchrun
 from ddplab.ranks import point_to_point_context
+from ddplab.replot import draw_figures, replot
+from figures import chapter02 as drawing
 
 CHAPTER = 2
 CPU_WORLD_SIZE = 4
@@ -147,12 +151,6 @@ def all_to_all(ctx, x):
 # --8<-- [end:all_to_all]
 
 
-CALLS = {"send_recv": "batch_isend_irecv: isend(t, right), irecv(out, left)",
-         "broadcast": "dist.broadcast(t, src=0)", "scatter": "dist.scatter(out, pieces, src=0)",
-         "gather": "dist.gather(t, pieces, dst=0)", "reduce": "dist.reduce(t, dst=0)",
-         "all_gather": "dist.all_gather(pieces, t)", "all_reduce": "dist.all_reduce(t)",
-         "reduce_scatter": "dist.reduce_scatter(out, pieces)",
-         "all_to_all": "dist.all_to_all_single(out, t)"}
 COLLECTIVES = {f.__name__: f for f in (send_recv, broadcast, scatter, gather, reduce,
                                        all_gather, all_reduce, reduce_scatter, all_to_all)}
 
@@ -281,7 +279,7 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
     return result if ctx.is_main else None
 
 
-# --- tables, figures, summary (rank 0 / the launching process) ----------------------------------
+# --- table and summary (rank 0 / the launching process; figures: scripts/figures/chapter02.py) --
 
 def traffic_table(time_ms: dict, n: int, s: int) -> dict:
     rows = {}
@@ -294,57 +292,6 @@ def traffic_table(time_ms: dict, n: int, s: int) -> dict:
                       "busbw_factor": factor[1](n), "time_ms": t, "algbw_gbps": algbw,
                       "busbw_gbps": algbw * factor[1](n)}
     return rows
-
-
-def classify(value: int, origins: dict[int, int], sums: set[int]) -> str | int:
-    """A cell's story: the rank its value came from, 'sum' of all ranks, or 'other'."""
-    if value in origins:
-        return origins[value]
-    return "sum" if value in sums else "other"
-
-
-def draw_collective(name: str, state: dict, path) -> None:
-    """Before → after: rows are ranks; cells are elements, coloured by the rank they came from."""
-    from matplotlib.patches import Rectangle
-
-    from ddplab import plotting
-
-    n = len(state["before"])
-    originals = demo_rows(n)
-    origins = {v: r for r, row in enumerate(originals) for v in row}
-    sums = {sum(col) for col in zip(*originals, strict=True)}
-    width = max(len(r or []) for r in state["before"] + state["after"])
-    fig, axes = plotting.figure(1, 2, height=0.55 * n + 0.9)
-    for ax, key in zip(axes, ("before", "after"), strict=True):
-        ax.axis("off")
-        ax.set_xlim(-0.9, width)
-        ax.set_ylim(-0.1, n)
-        ax.set_title(key + (" →" if key == "before" else ""), fontsize=10)
-        for rank, row in enumerate(state[key]):
-            y = n - 1 - rank
-            ax.text(-0.15, y + 0.45, f"rank {rank}", ha="right", va="center", fontsize=9)
-            if row is None:
-                ax.text(0.05, y + 0.45, "(no tensor)", va="center", fontsize=8,
-                        color=plotting.OKABE_ITO["grey"])
-                continue
-            for j, value in enumerate(row):
-                who = classify(value, origins, sums)
-                color = ("#333333" if who == "sum" else plotting.OKABE_ITO["grey"]
-                         if who == "other" else plotting.rank_color(who))
-                ax.add_patch(Rectangle((j, y), 0.92, 0.88, facecolor=color,
-                                       alpha=0.9 if who == "sum" else 0.35, edgecolor="none"))
-                ax.text(j + 0.46, y + 0.44, ("Σ " if who == "sum" else "") + str(value),
-                        ha="center", va="center", fontsize=8,
-                        color="white" if who == "sum" else "black")
-    fig.suptitle(f"{name}:  {CALLS[name]}", fontsize=11, family="monospace", y=1.06)
-    fig.text(0.5, 0.0, "colour: the rank a value came from   ·   dark Σ: the sum over all ranks"
-             "   ·   grey: a partial sum, don't read it", ha="center", va="top", fontsize=8)
-    plotting.save(fig, path)
-
-
-def demo_rows(n: int) -> list[list[int]]:
-    base = 10 if n <= 9 else 100
-    return [[base * (r + 1) + j for j in range(n)] for r in range(n)]
 
 
 def format_row(row) -> str:
@@ -380,6 +327,9 @@ def parse_args(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
+    if args.replot:  # redraw the figures from the last run's files; no rank is started
+        replot(args.out, CHAPTER, drawing.draw)
+        return None
     run = ddplab.launch(worker, args)
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
         return None
@@ -399,9 +349,8 @@ def main(argv: list[str] | None = None) -> dict | None:
             table["reduce_scatter_flat"]["time_ms"] / table["all_reduce"]["time_ms"],
     }
     with ddplab.chapter_output(args.out, CHAPTER) as out:
-        for name, state in result["states"].items():
-            draw_collective(name, state, out / f"{name}.png")
         ddplab.write_results(out, CHAPTER, metrics, run.provenance)
+        draw_figures(out, drawing.draw)
     print(summarize(result["states"], table, result["support"], n, s))
     for name in result["fallbacks"]:
         print(f"note: this torch's {run.provenance['backend']} refused dist.{name} (see support); "

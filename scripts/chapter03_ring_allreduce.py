@@ -13,9 +13,11 @@ Run it:
     python scripts/chapter03_ring_allreduce.py --world-size 4
     torchrun --standalone --nproc-per-node 2 scripts/chapter03_ring_allreduce.py  # no N sweep
     make run-chapter03
+    python scripts/chapter03_ring_allreduce.py --replot         # only redraw the figures
 
 Writes figures/chapter03/{ring_steps.png, time.png, busbw.png, segments.png, scaling.png,
-results.json} (or under --out DIR).
+ring_steps.json, results.json} (or under --out DIR); the figures are drawn from the two JSON
+files alone (scripts/figures/chapter03.py).
 """
 
 from __future__ import annotations
@@ -31,9 +33,13 @@ import torch.distributed as dist
 
 import ddplab
 from ddplab import timing
+from ddplab.fitting import non_negative_lstsq, weighted_r2
 from ddplab.launch import gpu_count
 from ddplab.ranks import point_to_point_context
+from ddplab.replot import draw_figures, replot, write_figure_data
 from ddplab.ring import SEGMENT_BYTES, RingStep, naive_all_reduce, ring_all_reduce
+from figures import chapter03 as drawing
+from figures.chapter03 import bandwidth_text, label_bytes  # the figures' labels, in results too
 
 CHAPTER = 3
 KiB, MiB = 1 << 10, 1 << 20
@@ -49,9 +55,6 @@ IMPLS = {"ring": partial(ring_all_reduce, check=False), "native": dist.all_reduc
 # The correctness checks run both: with the size check (the default) and without.
 VARIANTS = {"ring": ring_all_reduce, "naive": naive_all_reduce,
             "ring_unchecked": IMPLS["ring"], "naive_unchecked": IMPLS["naive"]}
-LABELS = {"ring": "ring_all_reduce (ours)", "native": "dist.all_reduce (gloo)",
-          "naive": "naive: via rank 0"}
-COLOR_KEYS = {"ring": "ring", "native": "native", "naive": "naive_allreduce"}
 
 
 # --- correctness --------------------------------------------------------------------------------
@@ -252,35 +255,9 @@ def fit_alpha_beta(sizes: list[int], times_ms: list[float], world: int, sent: fl
             "r2": weighted_r2(t, predicted, w), "max_rel_err": float(np.abs(rel_err).max()),
             "rel_err": {str(size): float(e) for size, e in zip(sizes, rel_err, strict=True)},
             "gamma_share_largest": float(adding[-1] / predicted[-1]),
-            "predicted_ms": (predicted * 1e3).tolist()}
+            "predicted_ms": {str(size): float(p) * 1e3 for size, p in zip(sizes, predicted,
+                                                                           strict=True)}}
 # --8<-- [end:fit]
-
-
-def weighted_r2(t: np.ndarray, predicted: np.ndarray, w: np.ndarray) -> float:
-    """R² of the weighted fit: 1 - (weighted residuals)² / (weighted spread around the weighted
-    mean).  With w = 1/t it judges relative error, so every size counts, not only the largest."""
-    mean = np.sum(w**2 * t) / np.sum(w**2)
-    return float(1 - np.sum((w * (t - predicted)) ** 2) / np.sum((w * (t - mean)) ** 2))
-
-
-def non_negative_lstsq(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """Least squares for two coefficients that cannot be negative (a time per message, a time
-    per byte).  Noisy latency-bound points can pull the free fit below zero; then the best fit
-    keeps one term and sets the other to zero."""
-    free, *_ = np.linalg.lstsq(a, b, rcond=None)
-    if (free >= 0).all():
-        return float(free[0]), float(free[1])
-    candidates = []
-    for keep in (0, 1):
-        coef = np.zeros(2)
-        coef[keep] = max(float(a[:, keep] @ b) / float(a[:, keep] @ a[:, keep]), 0.0)
-        candidates.append((float(np.sum((a @ coef - b) ** 2)), coef))
-    best = min(candidates, key=lambda c: c[0])[1]
-    return float(best[0]), float(best[1])
-
-
-def bandwidth_text(gbps: float | None) -> str:
-    return f"{gbps:.2f} GB/s" if gbps is not None else "unseen (sizes too small)"
 
 
 def traffic(impl: str, world: int) -> tuple[float, float]:
@@ -311,8 +288,7 @@ def analyse(result: dict, world: int) -> dict:
         "algbw_gbps": {name: per_size(v) for name, v in algbw.items()},
         "busbw_gbps": {name: per_size(v) for name, v in busbw.items()},
         "ratio_ring_to_native_busbw": per_size(ratio),
-        "alpha_beta": {name: {k: v for k, v in fit.items() if k != "predicted_ms"}
-                       for name, fit in fits.items()},
+        "alpha_beta": fits,
         "largest": {"size_bytes": sizes[-1], "size_mib": sizes[-1] / MiB,
                     "ratio_ring_to_native_busbw": ratio[-1],
                     "busbw_gbps": {name: busbw[name][-1] for name in busbw},
@@ -325,7 +301,6 @@ def analyse(result: dict, world: int) -> dict:
         "gamma_gbps": 1e-9 / result["gamma_s_per_byte"],
         "correctness": correctness_summary(result["correctness"], world),
         "segments": segment_summary(result["segments"], result["times_ms"], world),
-        "_fits": fits,
     }
     if world == 1:
         metrics["one_rank"] = ONE_RANK
@@ -407,10 +382,6 @@ def segment_summary(seg: dict, times: dict, world: int) -> dict:
             "native_busbw_gbps": size / (times["native"][-1] * 1e-3) / 1e9 * bus_factor(world)}
 
 
-def label_bytes(n: int) -> str:
-    return f"{n // MiB} MiB" if n >= MiB else f"{n // KiB} KiB"
-
-
 # --- the world-size sweep (only when this script starts the ranks) --------------------------------
 
 def world_size_sweep(args, main_world: int, main_result: dict,
@@ -438,146 +409,6 @@ def world_size_sweep(args, main_world: int, main_result: dict,
     scaling = {"size_bytes": size, "size_label": label_bytes(size), "world_sizes": list(rows),
                "time_ms": {name: {str(w): rows[w][name] for w in rows} for name in IMPLS}}
     return scaling, traces[max(traces)]
-
-
-# --- figures --------------------------------------------------------------------------------------
-
-def size_ticks(ax, sizes: list[int]) -> None:
-    ticks = [s for s in sizes if math.log2(s) % 2 == 0]
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([label_bytes(s) for s in ticks])
-    ax.minorticks_off()
-
-
-def draw_time(analysis: dict, world: int, path) -> None:
-    from ddplab import plotting
-
-    sizes = analysis["sizes_bytes"]
-    fig, ax = plotting.figure(height=3.6)
-    for name in IMPLS:
-        color = plotting.COLORS[COLOR_KEYS[name]]
-        times = [analysis["time_ms"][name][str(s)] for s in sizes]
-        ax.plot(sizes, times, "o", color=color, label=LABELS[name], markersize=4)
-        fit = analysis["_fits"].get(name)
-        if fit:
-            ax.plot(sizes, fit["predicted_ms"], "--", color=color, linewidth=1,
-                    label=f"  fit: α = {fit['alpha_us']:.0f} µs, 1/β = "
-                          f"{bandwidth_text(fit['beta_gbps'])}, weighted R² = {fit['r2']:.2f}")
-    size_ticks(ax, sizes)
-    ax.set_yscale("log")
-    ax.set_xlabel("tensor size S")
-    ax.set_ylabel("time per all-reduce (ms)")
-    ax.set_title(f"All-reduce time, {world} ranks (median; dashed: α-β-γ model)")
-    ax.legend(fontsize=8)
-    plotting.save(fig, path)
-
-
-def draw_busbw(analysis: dict, world: int, path) -> None:
-    from ddplab import plotting
-
-    sizes = analysis["sizes_bytes"]
-    fig, ax = plotting.figure(height=3.2)
-    for name in IMPLS:
-        bw = [analysis["busbw_gbps"][name][str(s)] for s in sizes]
-        ax.plot(sizes, bw, "o-", color=plotting.COLORS[COLOR_KEYS[name]], label=LABELS[name],
-                markersize=4)
-    size_ticks(ax, sizes)
-    ax.set_xlabel("tensor size S")
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(f"busbw = S / t · 2(N-1)/N, {world} ranks (higher is better)")
-    if world == 1:
-        ax.text(0.5, 0.5, "1 rank: nothing crosses a link,\nso busbw is not defined",
-                ha="center", va="center", transform=ax.transAxes)
-    ax.legend()
-    plotting.save(fig, path)
-
-
-def draw_segments(segments: dict, path) -> None:
-    from ddplab import plotting
-
-    rows = segments["rows"]
-    fig, ax = plotting.figure(height=2.8)
-    x = range(len(rows))
-    ax.bar(x, [r["busbw_gbps"] for r in rows], color=plotting.COLORS["ring"], width=0.6,
-           label="ring_all_reduce")
-    ax.axhline(segments["native_busbw_gbps"], color=plotting.COLORS["native"], linestyle="--",
-               label="dist.all_reduce (gloo: 1 MiB segments)")
-    ax.set_xticks(list(x))
-    ax.set_xticklabels([r["segment_label"] + ("\n(default)" if r["segment_bytes"] == SEGMENT_BYTES
-                                              else "") for r in rows])
-    top = max(segments["native_busbw_gbps"], *(r["busbw_gbps"] for r in rows))
-    ax.set_ylim(0, 1.35 * top or 1)  # busbw is 0 on one rank: nothing crosses a link
-    ax.set_xlabel("segment size (the largest message the ring sends)")
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(f"Ring all-reduce of {label_bytes(segments['size_bytes'])}: "
-                 "how big should one message be?")
-    ax.legend(loc="upper left", ncol=2)
-    plotting.save(fig, path)
-
-
-def draw_scaling(scaling: dict, path, hardware: str) -> None:
-    from ddplab import plotting
-
-    worlds = scaling["world_sizes"]
-    fig, ax = plotting.figure(height=3.0)
-    for name in IMPLS:
-        times = [scaling["time_ms"][name][str(w)] for w in worlds]
-        ax.plot(worlds, times, "o-", color=plotting.COLORS[COLOR_KEYS[name]], label=LABELS[name])
-    ax.set_xticks(worlds)
-    ax.set_xlabel(f"world size N ({hardware})")
-    ax.set_ylabel("time per all-reduce (ms)")
-    ax.set_ylim(bottom=0)
-    ax.set_title(f"All-reduce of {label_bytes(scaling['size_bytes'])} as ranks are added")
-    ax.legend()
-    plotting.save(fig, path)
-
-
-# --8<-- [start:draw_trace]
-def draw_trace(trace: list[list[dict]], path) -> None:
-    """One panel per step: rows are ranks, columns chunks; a cell shows whose data it sums."""
-    from matplotlib.patches import Rectangle
-
-    from ddplab import plotting
-
-    world = len(trace)
-    cols = max(world, 3)
-    fig, axes = plotting.figure(2, cols, height=2 * plotting.PAGE_WIDTH_IN / cols + 0.5,
-                                squeeze=False)
-    # Top row: the start and the reduce-scatter steps; bottom row: the all-gather steps.
-    panels = [axes[0][i] for i in range(world)] + [axes[1][i] for i in range(1, world)]
-    for ax in axes.flat:
-        ax.axis("off")
-    fontsize = 8 if world <= 3 else 6
-    for i, ax in enumerate(panels[: len(trace[0])]):
-        state = [trace[rank][i] for rank in range(world)]
-        for rank, s in enumerate(state):
-            y = world - 1 - rank  # rank 0 on top
-            for chunk, mask in enumerate(s["masks"]):
-                members = [r for r in range(world) if mask >> r & 1]
-                done = len(members) == world
-                ax.add_patch(Rectangle(
-                    (chunk, y), 0.94, 0.9, edgecolor="none",
-                    facecolor=plotting.COLORS["ring"] if done else plotting.OKABE_ITO["sky"],
-                    alpha=1.0 if done else 0.15 + 0.6 * len(members) / world))
-                if s["received"] == chunk:  # arrived this step: outlined in the comm colour
-                    ax.add_patch(Rectangle((chunk, y), 0.94, 0.9, fill=False, linewidth=2,
-                                           edgecolor=plotting.COLORS["comm"]))
-                ax.text(chunk + 0.47, y + 0.45, "Σ" if done else "+".join(map(str, members)),
-                        ha="center", va="center", fontsize=fontsize,
-                        color="white" if done else "black")
-        ax.set_xlim(-0.05, world)
-        ax.set_ylim(-0.05, world + 0.05)
-        ax.set_aspect("equal")
-        phase = state[0]["phase"]
-        ax.set_title("start" if phase == "start" else f"{phase} {state[0]['step'] + 1}",
-                     fontsize=9)
-    axes[1][0].text(0.0, 0.5, f"rows: ranks 0–{world - 1}\ncolumns: chunks 0–{world - 1}\n"
-                    "cell: ranks summed in it\nΣ: all ranks\norange: arrived\n   this step",
-                    fontsize=8, va="center", transform=axes[1][0].transAxes)
-    fig.suptitle(f"Ring all-reduce on {world} ranks, recorded step by step", fontsize=11)
-    plotting.save(fig, path)
-# --8<-- [end:draw_trace]
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -621,6 +452,9 @@ def parse_args(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
+    if args.replot:  # redraw the figures from the last run's files; no rank is started
+        replot(args.out, CHAPTER, drawing.draw)
+        return None
     run = ddplab.launch(worker, args)
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
         return None
@@ -636,16 +470,9 @@ def main(argv: list[str] | None = None) -> dict | None:
                                                      run.provenance["backend"])
     metrics["trace_world_size"] = len(trace)
     with ddplab.chapter_output(args.out, CHAPTER) as out:
-        draw_trace(trace, out / "ring_steps.png")
-        draw_time(metrics, world, out / "time.png")
-        draw_busbw(metrics, world, out / "busbw.png")
-        draw_segments(metrics["segments"], out / "segments.png")
-        if "skipped" not in metrics["scaling"]:
-            hardware = ("one GPU per rank" if run.provenance["backend"] == "nccl"
-                        else f"this machine has {run.provenance['cpu_count']} cores")
-            draw_scaling(metrics["scaling"], out / "scaling.png", hardware)
-        metrics.pop("_fits")
         ddplab.write_results(out, CHAPTER, metrics, run.provenance)
+        write_figure_data(out, "ring_steps.json", trace)  # every rank's chunks after each step
+        draw_figures(out, drawing.draw)
     print(summarize(metrics))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/")
     return metrics

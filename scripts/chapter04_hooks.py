@@ -11,10 +11,12 @@ Run it:
     python scripts/chapter04_hooks.py             # 2 CPU ranks, or one rank per GPU
     python scripts/chapter04_hooks.py --quick     # under a minute on a 2-core laptop
     torchrun --standalone --nproc-per-node 2 scripts/chapter04_hooks.py
+    python scripts/chapter04_hooks.py --replot    # only redraw the figures
 
 Writes figures/chapter04/{hooks.png, ready_order.png, overlap.png, bucket_sweep.png,
-overlap_trace.json, results.json} (or under --out DIR).  overlap_trace.json opens in
-https://ui.perfetto.dev or chrome://tracing.
+overlap_trace.json, results.json} (or under --out DIR); the figures are drawn from results.json
+alone (scripts/figures/chapter04.py).  overlap_trace.json opens in https://ui.perfetto.dev or
+chrome://tracing.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ import ddplab
 from ddplab import BucketedDDP, timing
 from ddplab.bucketed_ddp import MiB, assign_buckets
 from ddplab.models import ResidualMLP, make_clusters
+from ddplab.replot import draw_figures, replot
 from ddplab.timeline import Event, Timeline, gather_events, write_chrome_trace
+from figures import chapter04 as drawing
 
 CHAPTER = 4
 BATCH = 128  # samples per rank per step
@@ -388,142 +392,7 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
     return result if ctx.is_main else None
 
 
-# --- drawing ---------------------------------------------------------------------------------
-
-HOOK_COLORS = {"forward pre-hook": "forward", "forward hook": "forward",
-               "tensor hook": "data", "full backward hook": "backward",
-               "post-accumulate-grad hook": "comm", "queued callback": "optimizer",
-               "backward starts": "wait", "backward returned": "wait"}
-
-
-def draw_hooks(events: list[dict], path) -> None:
-    from ddplab import plotting
-
-    fig, ax = plotting.figure(height=0.26 * len(events) + 0.5)
-    for i, event in enumerate(events):
-        y = len(events) - 1 - i
-        color = plotting.COLORS[HOOK_COLORS[event["kind"]]]
-        ax.scatter([0], [y], s=60, color=color, zorder=3)
-        ax.text(0.07, y, f"{i + 1}.", va="center", ha="right", fontsize=9)
-        ax.text(0.08, y, event["kind"], va="center", fontsize=9)
-        ax.text(0.5, y, event["where"], va="center", fontsize=9, color="#444444")
-    ax.plot([0, 0], [0, len(events) - 1], color="#CCCCCC", zorder=1)
-    ax.set_xlim(-0.05, 1.0)
-    ax.set_ylim(-0.7, len(events) - 0.3)
-    ax.axis("off")
-    ax.set_title("The order hooks fire in: one forward and one backward", loc="left")
-    plotting.save(fig, path)
-
-
-def draw_ready_order(ready: dict, path) -> None:
-    from ddplab import plotting
-
-    params = ready["parameters"]
-    fig, ax = plotting.figure(height=0.16 * len(params) + 1.2)
-    palette = [plotting.OKABE_ITO[c] for c in ("orange", "blue", "green", "vermillion",
-                                               "purple", "sky", "yellow", "black")]
-    for i, p in enumerate(params):
-        y = len(params) - 1 - i
-        color = palette[p["bucket"] % len(palette)]
-        ax.barh(y, p["ready_ms"], height=0.7, color=color)
-    ax.set_yticks(range(len(params)), [p["name"] for p in reversed(params)], fontsize=7)
-    ax.set_xlabel("gradient ready, ms after loss.backward() started")
-    ax.set_title(f"Parameters in forward order (top = first layer); colour = bucket "
-                 f"({ready['bucket_cap_mb']:g} MiB cap)", fontsize=10)
-    buckets = sorted({p["bucket"] for p in params})
-    handles = [plotting.plt.Rectangle((0, 0), 1, 1, color=palette[b % len(palette)])
-               for b in buckets]
-    ax.legend(handles, [f"bucket {b}" + (" (all-reduced first)" if b == 0 else "")
-                        for b in buckets], loc="lower right", fontsize=8)
-    ax.grid(axis="y", visible=False)
-    plotting.save(fig, path)
-
-
-def draw_step(ax, events: list[Event]) -> None:
-    """One row of computation per rank, then one row per bucket (each all-reduce on its own row,
-    from this rank's launch to its completion); the wait at the end of backward is labelled."""
-    from ddplab import plotting
-
-    rows = []
-    for rank in sorted({e.rank for e in events}):
-        lanes = sorted({e.name for e in events if e.rank == rank and e.cat == "comm"},
-                       key=lambda n: (len(n), n))  # bucket 2 before bucket 10
-        rows += [(rank, "compute")] + [(rank, lane) for lane in lanes]
-    y_of = {row: len(rows) - 1 - i for i, row in enumerate(rows)}
-    for e in events:
-        y = y_of[(e.rank, e.name if e.cat == "comm" else "compute")]
-        ax.broken_barh([(e.start_ms, max(e.duration_ms, 1e-3))], (y - 0.4, 0.8), linewidth=0,
-                       color=plotting.COLORS.get(e.cat, plotting.OKABE_ITO["grey"]))
-        if e.cat == "wait":  # labelled after the rank's last span, where there is room
-            end = max(other.end_ms for other in events if other.rank == e.rank)
-            ax.text(end + 1, y, f"wait {e.duration_ms:.1f} ms", va="center", fontsize=8)
-    ax.set_yticks(list(y_of.values()),
-                  [f"rank {r}" if lane == "compute" else f"  {lane}" for r, lane in y_of],
-                  fontsize=8)
-    ax.grid(axis="y", visible=False)
-
-
-def draw_overlap(overlap: dict, path) -> None:
-    from matplotlib.patches import Patch
-
-    from ddplab import plotting
-
-    keys = [k for k in ("overlap", "no_overlap") if overlap["timelines"].get(k)]
-    rows = sum(len({(e["rank"], e["name"]) for e in overlap["timelines"][k]}) for k in keys)
-    fig, axes = plotting.figure(len(keys), 1, height=1.2 + 0.16 * rows, sharex=True,
-                                layout="constrained", squeeze=False)
-    titles = {"overlap": "overlap: each bucket is all-reduced as soon as it is full",
-              "no_overlap": "overlap=False: all buckets wait for the end of backward"}
-    for ax, key in zip(axes[:, 0], keys, strict=True):
-        events = [Event(**e) for e in overlap["timelines"][key]]
-        draw_step(ax, events)
-        ax.set_title(f"{titles[key]} (median step {overlap['step_time_ms'][key]:.1f} ms)",
-                     fontsize=10, loc="left")
-    cats = sorted({e["cat"] for k in keys for e in overlap["timelines"][k]})
-    axes[-1, 0].set_xlabel("ms since the step started (each rank's clock, started after a "
-                           "barrier)")
-    fig.legend(handles=[Patch(color=plotting.COLORS.get(c, plotting.OKABE_ITO["grey"]), label=c)
-                        for c in cats], loc="outside upper center", ncol=len(cats))
-    fig.text(0.5, -0.06, "A bucket's bar runs from this rank's launch to its completion. An "
-             "all-reduce completes only once every rank has launched it,\nso the rank that "
-             "finishes backward first waits for the other: its bars and its wait are longer.",
-             ha="center", va="top", fontsize=8)
-    plotting.save(fig, path)
-
-
-def draw_sweep(sweep: dict, path, backend: str) -> None:
-    from ddplab import plotting
-
-    fig, ax = plotting.figure(height=3.3)
-    caps = [p["bucket_cap_mb"] for p in sweep["points"]]
-    for kind, label in (("native", "native DDP"), ("bucketed", "BucketedDDP")):
-        values = [p["step_time_ms"][kind] for p in sweep["points"]]
-        ax.plot(caps, values, marker="o", color=plotting.COLORS[kind], label=label)
-    top = max(max(p["step_time_ms"].values()) for p in sweep["points"])
-    for p in sweep["points"]:
-        ax.annotate(str(p["buckets"]["bucketed"]), (p["bucket_cap_mb"], top * 1.04),
-                    ha="center", fontsize=8, color="#444444")
-    ax.axhline(sweep["local_step_time_ms"], color=plotting.COLORS["local"], linestyle="--")
-    ax.text(caps[-1], sweep["local_step_time_ms"] * 0.92, "local step, no communication",
-            ha="right", va="top", fontsize=8, color=plotting.COLORS["local"])
-    ax.axvline(sweep["gradient_mib"], color=plotting.OKABE_ITO["grey"], linestyle=":")
-    ax.text(sweep["gradient_mib"] * 1.08, top * 0.3,
-            f"all gradients:\n{sweep['gradient_mib']:.1f} MiB", fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xticks(caps, [f"{c:g}" for c in caps])
-    ax.minorticks_off()
-    ax.set_xlabel("bucket_cap_mb (MiB)")
-    ax.set_ylabel("median step time (ms)")
-    ax.set_ylim(0, top * 1.2)
-    ax.set_title("Bucket size against step time (small numbers: BucketedDDP's bucket count)",
-                 loc="left", fontsize=10)
-    if backend == "gloo":  # say it on the figure, not only on the page
-        ax.text(0.01, 0.04, "CPU ranks over gloo: communication runs on the same cores as "
-                "backward,\nso overlap buys little and no bucket size can win much here",
-                transform=ax.transAxes, fontsize=8, color="#444444")
-    ax.legend(loc="center left")
-    plotting.save(fig, path)
-
+# --- the summary (rank 0 / the launching process; the figures: scripts/figures/chapter04.py) --
 
 def summarize(r: dict, prov: dict) -> str:
     ready, overlap, sweep = r["gradient_ready"], r["overlap"], r["bucket_sweep"]
@@ -557,18 +426,18 @@ def parse_args(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
+    if args.replot:  # redraw the figures from the last run's files; no rank is started
+        replot(args.out, CHAPTER, drawing.draw)
+        return None
     run = ddplab.launch(worker, args)
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
         return None
     result = run.result
     with ddplab.chapter_output(args.out, CHAPTER) as out:
-        draw_hooks(result["hook_order"], out / "hooks.png")
-        draw_ready_order(result["gradient_ready"], out / "ready_order.png")
-        draw_overlap(result["overlap"], out / "overlap.png")
-        draw_sweep(result["bucket_sweep"], out / "bucket_sweep.png", run.provenance["backend"])
+        ddplab.write_results(out, CHAPTER, result, run.provenance)
         write_chrome_trace(out / "overlap_trace.json",
                            [Event(**e) for e in result["overlap"]["timelines"]["overlap"]])
-        ddplab.write_results(out, CHAPTER, result, run.provenance)
+        draw_figures(out, drawing.draw)
     print(summarize(result, run.provenance))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{hooks.png, ready_order.png, "
           "overlap.png, bucket_sweep.png, overlap_trace.json, results.json}")

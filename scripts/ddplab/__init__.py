@@ -6,6 +6,8 @@
     ranks.py     who am I: RankContext, get("rank"), seeding, progress bars
     cli.py       the flags every chapter shares, bad input as one clear line
     results.py   results.json with provenance, staged chapter output
+    replot.py    --replot: a chapter's figures drawn from its run's files, no rank started
+    fitting.py   least squares for a cost model (non-negative, on relative error)
     timing.py    fair step timing (warm-up, barriers, medians, A B A B)
     timeline.py  per-rank event timelines, Gantt charts, Chrome traces
     plotting.py  the book's figure style (imports matplotlib: import it where you draw)

@@ -1,8 +1,9 @@
 """The flags every chapter script shares, and bad input turned into one clear line.
 
 Every chapter takes the same five flags (``--world-size``, ``--backend``, ``--quick``, ``--out``,
-``--seed``) plus ``--timeout``.  A mistake on the command line ends the run before any process is
-started: one line on stderr that says what is wrong and what to do, exit code 2.
+``--seed``) plus ``--timeout`` and ``--replot``.  A mistake on the command line ends the run
+before any process is started: one line on stderr that says what is wrong and what to do, exit
+code 2.
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ def chapter_parser(doc: str | None, prog: str | None = None) -> ChapterArgumentP
         help="how long a rank waits in a collective before the run is declared hung "
              f"(default: {DEFAULT_TIMEOUT_S:g})",
     )
+    parser.add_argument("--replot", action="store_true",
+                        help="only redraw the figures from DIR/chapterNN/results.json (and the "
+                             "files beside it) of an earlier run; starts no rank")
     return parser
 
 

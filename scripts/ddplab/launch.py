@@ -86,6 +86,8 @@ def launch(worker: Worker, args) -> Run | None:
     Under torchrun every rank runs this function itself: rank 0 gets the ``Run``, the other
     ranks get None (they have nothing left to do).
     """
+    if getattr(args, "replot", False):  # a chapter without --replot must not run a whole run
+        raise UsageError("this chapter cannot --replot yet: run it without --replot")
     if started_by_torchrun():
         return _launched_by_torchrun(worker, args)
     world_size = args.world_size or default_world_size()
