@@ -18,6 +18,9 @@ import torch
 from .guard import Mistake
 
 
+GENERIC = "Check which chunk each step sends and which one it adds into."
+
+
 def rank_tensor(rank: int, numel: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     """The tensor rank ``rank`` contributes: reproducible, different on every rank."""
     gen = torch.Generator().manual_seed(seed * 1000 + rank)
@@ -76,4 +79,4 @@ def _likely_cause(result, inputs, exact, wrong, rank) -> str:
     if world > 1 and 0 < right < 0.75:
         return (f"Only {right:.0%} of the elements hold the full sum: did you skip the all-gather "
                 "phase (or copy the finished chunks to the wrong place)?")
-    return "Check which chunk each step sends and which one it adds into."
+    return GENERIC
