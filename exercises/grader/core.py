@@ -161,14 +161,14 @@ def _context():
     return ctx
 
 
-def _worst(reports: dict[int, tuple]) -> tuple[str, str, dict]:
+def _worst(reports: dict[int, tuple], world: int) -> tuple[str, str, dict]:
     """The exercise's verdict from every rank's report: a failure beats a todo beats ok."""
     for status in ("fail", "todo", "ok"):
         for rank in sorted(reports):
             if reports[rank][0] == status:
                 msg = reports[rank][1]
                 feedback = reports.get(0, reports[rank])[2]
-                if status == "fail" and "rank" not in msg:
+                if status == "fail" and "rank" not in msg and world > 1:
                     msg = f"rank {rank}: {msg}"
                 return status, msg, feedback
     raise AssertionError("no report")
@@ -219,11 +219,11 @@ def run_world(path: Path, chapter: int, exercises: list[Exercise], world: int, s
                     if status == "fail" and len(reports) < world:  # the others may wait forever
                         deadline = min(deadline, time.monotonic() + GRACE_S)
                 if len(reports) == world and all(r[0] == reports[0][0] for r in reports.values()):
-                    status, msg, feedback = _worst(reports)
+                    status, msg, feedback = _worst(reports, world)
                     for go in gos:
                         go.put("next")
                 elif reports:
-                    status, msg, feedback = _worst(reports)
+                    status, msg, feedback = _worst(reports, world)
                     clean = False
                 else:
                     status, msg, feedback = "hang", _hang_message(ex, waiting), {}
