@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-import torch
 import torch.distributed as dist  # noqa: F401 - you will need it
 from torch import nn
 

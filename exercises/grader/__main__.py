@@ -23,8 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Grading {path} (chapter {args.chapter:02d}; gloo on CPU, 1 to 3 ranks)", flush=True)
     start = time.perf_counter()
     verdicts = grade(path, args.chapter)
-    for verdict in verdicts:
-        print(verdict.line(), flush=True)
+    if verdicts[0].status == "broken":  # one line, not one per exercise
+        print(f"  ✗ {verdicts[0].message}")
+    else:
+        for verdict in verdicts:
+            print(verdict.line(), flush=True)
     figures = draw_feedback(args.chapter, verdicts, Path(args.figures))
     passed = sum(v.status == "ok" for v in verdicts)
     todo = sum(v.status == "todo" for v in verdicts)

@@ -68,8 +68,9 @@ def check_reduce_scatter(ctx: Context) -> None:
             own = [inputs[ctx.rank][r] for r in range(world)]
             what = (" It is one of this rank's own inputs." if any(torch.equal(output, t)
                                                                   for t in own) else "")
-            raise Mistake(f"{message}{what} Rank r's output is the sum over the ranks of their "
-                          "input_list[r]: send input_list[r] to rank r, add what arrives.") from None
+            raise Mistake(f"{message}{what} Rank r's output is the sum over the ranks of "
+                          "their input_list[r]: send input_list[r] to rank r, add what "
+                          "arrives.") from None
 
 
 EXERCISES = [

@@ -80,7 +80,8 @@ def check_buckets(ctx: Context) -> None:
                 hint = ("some parameters are in no bucket (or in two): the last bucket, not "
                         "full yet, must be kept too")
             elif got and got[0] and got[0][0] == 0:
-                hint = "fill the buckets in reverse order: the last parameter's gradient is ready first"
+                hint = ("fill the buckets in reverse order: the last parameter's gradient is "
+                        "ready first")
             else:
                 hint = ("a bucket closes once it holds cap_bytes or more, after adding the "
                         "parameter that reaches the cap (native DDP's rule, so a bucket may end "

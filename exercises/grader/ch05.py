@@ -111,7 +111,7 @@ def check_ddp(ctx: Context) -> None:
             raise Mistake("ddp(x) must return what the wrapped module returns for x")
         for step in range(2):  # the second step checks that the hooks still work after step 1
             x, y = batch(ctx.rank, step)
-            ctx.call(lambda x=x, y=y: loss_of(ddp, x, y).backward())
+            ctx.call(lambda ddp=ddp, x=x, y=y: loss_of(ddp, x, y).backward())
             loss_of(native, x, y).backward()
             compare_grads(ctx, local_grads(model), local_grads(native_model),
                           _local_reference(ctx, ddp.module, step), f"step {step + 1} "

@@ -21,7 +21,7 @@ def check_idle(ctx: Context) -> None:
         want = [sum(max(step) - step[r] for step in compute) for r in range(len(compute[0]))]
         got = ctx.call(ctx.learner.idle_per_rank, compute)
         if len(got) != len(want) or not all(math.isclose(g, w, abs_tol=1e-9)
-                                            for g, w in zip(got, want)):
+                                            for g, w in zip(got, want, strict=False)):
             raise Mistake(f"idle_per_rank({compute}) = {list(got)}, expected {want}. "
                           f"{_idle_cause(got, compute)}")
 
@@ -31,12 +31,13 @@ def _idle_cause(got, compute) -> str:
     mean = [sum(sum(s) / len(s) - s[r] for s in compute) for r in ranks]
     totals = [sum(s[r] for s in compute) for r in ranks]
     by_totals = [max(totals) - t for t in totals]
-    if all(math.isclose(g, m, abs_tol=1e-9) for g, m in zip(got, mean)):
+    if all(math.isclose(g, m, abs_tol=1e-9) for g, m in zip(got, mean, strict=False)):
         return ("That is the distance to the mean: a rank waits for the SLOWEST rank (max), "
                 "since the all-reduce ends only when every rank has joined.")
-    if all(math.isclose(g, b, abs_tol=1e-9) for g, b in zip(got, by_totals)):
+    if all(math.isclose(g, b, abs_tol=1e-9) for g, b in zip(got, by_totals, strict=False)):
         return ("That compares total compute times: the ranks meet at EVERY step, so a rank "
-                "waits for each step's slowest rank, even when it is slow itself in another step.")
+                "waits for each step's slowest rank, even when it is slow itself in another "
+                "step.")
     return "In each step, rank r waits max(step) - step[r] for the slowest rank."
 
 

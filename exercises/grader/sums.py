@@ -17,7 +17,6 @@ import torch
 
 from .guard import Mistake
 
-
 GENERIC = "Check which chunk each step sends and which one it adds into."
 
 

@@ -1,1 +1,1 @@
-"""Wrong solutions: real learner mistakes that the graders must reject (tests/test_exercises*.py)."""
+"""Wrong solutions: real learner mistakes the graders must reject (tests/test_exercises.py)."""

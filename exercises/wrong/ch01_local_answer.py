@@ -18,4 +18,4 @@ def replicas_equal(module):
     theirs = [t.clone() for t in mine]
     for t in theirs:
         dist.broadcast(t, src=0)
-    return all(torch.equal(a, b) for a, b in zip(mine, theirs))  # no agreement step
+    return all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=False))  # no agreement step

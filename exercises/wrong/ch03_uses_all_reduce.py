@@ -1,4 +1,4 @@
-"""Mistake: calls the collective it is meant to rebuild; and the alpha-beta time counts N-1 steps."""
+"""Mistakes: calls the collective it rebuilds; the alpha-beta time counts N-1 steps, not 2(N-1)."""
 
 import torch.distributed as dist
 
