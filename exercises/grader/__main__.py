@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where feedback figures go (default: %(default)s)")
     args = parser.parse_args(argv)
     path = Path(args.file) if args.file else learner_file(args.chapter)
-    print(f"Grading {path} (chapter {args.chapter:02d}; gloo on CPU, 1 to 3 ranks)", flush=True)
+    shown = os.path.relpath(path) if path.resolve().is_relative_to(Path.cwd()) else path
+    print(f"Grading {shown} (chapter {args.chapter:02d}; gloo on CPU, 1 to 3 ranks)", flush=True)
     start = time.perf_counter()
     verdicts = grade(path, args.chapter)
     if verdicts[0].status == "broken":  # one line, not one per exercise
