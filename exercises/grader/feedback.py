@@ -20,6 +20,7 @@ def draw_feedback(chapter: int, verdicts: list, out: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6.4, 3.6), layout="constrained")
         if data["figure"] == "bars":
             ax.bar(data["labels"], data["values"], color=data.get("colors"))
+            ax.set_yscale("log")  # 0 (bitwise equal) is drawn as 1e-12
             ax.tick_params(axis="x", labelrotation=60, labelsize=7)
         else:  # "lines": {"series": {label: [ys]}, "x": [...]}
             for label, ys in data["series"].items():
