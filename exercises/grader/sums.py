@@ -75,6 +75,17 @@ def _likely_cause(result, inputs, exact, wrong, rank) -> str:
         return (f"Only the last {tail} element(s) are wrong ({numel} is not divisible by "
                 f"{world}): did you drop the remainder when cutting the tensor into chunks?")
     right = (~wrong).double().mean().item()
+    if world > 1 and 0.5 / world <= right <= 1.5 / world:
+        return (f"Only {right:.0%} of the elements (about one chunk in {world}) hold the full "
+                "sum: did you skip the all-gather phase?")
+    single = torch.zeros_like(wrong)
+    for t in inputs:  # elements that hold one rank's value, not a sum
+        single |= result.view(-1) == t.view(-1)
+    single &= wrong
+    if world > 1 and single.double().mean().item() > 0.2:
+        return (f"{single.double().mean().item():.0%} of the elements hold a single rank's "
+                "value instead of the sum: a chunk was passed on before it was finished, or "
+                "to the wrong place (check the chunk indices, especially in the all-gather).")
     if world > 1 and 0 < right < 0.75:
         return (f"Only {right:.0%} of the elements hold the full sum: did you skip the all-gather "
                 "phase (or copy the finished chunks to the wrong place)?")
