@@ -17,7 +17,7 @@ STAMP    := $(VENV)/.installed
 CHAPTERS := $(sort $(patsubst scripts/chapter%.py,%,$(wildcard scripts/chapter[0-9][0-9]_*.py)))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-browser lint figures bench gpu-check docs docs-offline serve clean distclean
+.PHONY: help setup test test-browser lint figures bench gpu-check docs docs-offline serve clean distclean doctor
 
 help: ## list the targets
 	@echo "DDP from Scratch — targets (each one sets up .venv first if needed):"
@@ -40,6 +40,12 @@ run-chapter%: $(STAMP) ## run chapter NN (e.g. make run-chapter05); figures go t
 	if [ -z "$$script" ]; then echo "error: there is no chapter $* (chapters: $(CHAPTERS))" >&2; exit 2; fi; \
 	echo "$(PY) $$script $(ARGS)"; $(PY) $$script $(ARGS)
 
+grade-%: $(STAMP) ## grade your exercises of chapter NN (FILE=path.py grades that file instead)
+	@$(PY) -m exercises.grader $* $(FILE)
+
+doctor: ## pre-flight for a workshop day: versions, gloo, ports, cores, GPUs, disk, site (< 30 s)
+	@if [ -x $(PY) ]; then $(PY) scripts/doctor.py; else $(PYTHON) scripts/doctor.py; fi
+
 figures: $(STAMP) ## run every chapter in full and refresh figures/ (one at a time: timings stay fair)
 	@set -e; for c in $(CHAPTERS); do \
 	  echo "== chapter $$c"; $(PY) scripts/chapter$$c.py $(ARGS); done
@@ -58,7 +64,7 @@ test-browser: $(STAMP) ## the site in headless Chromium, every page (needs: apt-
 	REQUIRE_BROWSER_TEST=1 $(PY) -m pytest tests/test_browser.py
 
 lint: $(STAMP) ## ruff
-	$(PY) -m ruff check scripts tests tools docs
+	$(PY) -m ruff check scripts tests tools docs exercises
 
 docs: $(STAMP) ## build the site into site/ (--strict; needs no internet to read)
 	$(VENV)/bin/mkdocs build --strict

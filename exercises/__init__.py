@@ -1,0 +1,1 @@
+"""The workshop's exercises: learner files, solutions, wrong solutions and their graders."""

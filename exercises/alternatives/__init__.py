@@ -1,0 +1,1 @@
+"""Correct solutions built differently from ours: the graders must accept them too."""

@@ -1,0 +1,1 @@
+"""The graders: `python -m exercises.grader NN [FILE]` (or `make grade-NN [FILE=...]`)."""

@@ -1,0 +1,128 @@
+"""What the learner's code may call, and where it is waiting: installed in every rank.
+
+Two jobs, both done by wrapping functions of ``torch.distributed`` before the learner's file is
+imported (so ``from torch.distributed import all_reduce`` in that file gets the wrapper too):
+
+* a point-to-point exercise must really use point-to-point: while its code runs, the collectives
+  it rebuilds raise a ``Mistake`` that names the call and the learner's line;
+* a hang must be explained: before every blocking send/recv/wait the rank writes what it is about
+  to wait for (and the learner's line) into a shared buffer the grading process reads when it
+  ends the hung exercise.
+"""
+
+from __future__ import annotations
+
+import functools
+import traceback
+from contextlib import contextmanager
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+    "broadcast", "reduce", "all_to_all", "all_to_all_single", "gather", "scatter",
+    "all_reduce_coalesced", "all_gather_object", "broadcast_object_list", "all_gather_coalesced",
+)
+
+
+class Mistake(Exception):
+    """The learner's result is wrong; the message says how, in the learner's terms."""
+
+
+class _State:
+    banned: str | None = None  # the exercise id while p2p-only learner code runs
+    learner_file: str = ""
+    inside = False  # inside a wrapped call already
+    waiting = None  # a multiprocessing Array('c') shared with the grading process
+
+
+def learner_line() -> str:
+    """' (your line N)' for the innermost frame of the learner's file on the stack, or ''."""
+    for frame in reversed(traceback.extract_stack()):
+        if frame.filename == _State.learner_file:
+            return f" (your line {frame.lineno})"
+    return ""
+
+
+def _say_waiting(text: str) -> None:
+    if _State.waiting is not None:
+        _State.waiting.value = text.encode()[: len(_State.waiting) - 1]
+
+
+class _WatchedWork:
+    """A Work from isend/irecv whose wait() is recorded like a blocking call."""
+
+    def __init__(self, work, what: str):
+        self._work, self._what = work, what
+
+    def wait(self, *args, **kwargs):
+        _say_waiting(f"was waiting for its {self._what} to complete")
+        result = self._work.wait(*args, **kwargs)
+        _say_waiting("")
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _peer_text(kind: str, args, kwargs) -> str:
+    peer = kwargs.get("dst", kwargs.get("src", args[1] if len(args) > 1 else None))
+    direction = "to" if "send" in kind else "from"
+    return f"dist.{kind} {direction} rank {peer}" if peer is not None else f"dist.{kind}"
+
+
+def _wrap_p2p(name: str, original):
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if _State.inside:  # torch's recv calls irecv: report the call the learner wrote
+            return original(*args, **kwargs)
+        what = _peer_text(name, args, kwargs) + learner_line()
+        if name in ("isend", "irecv"):
+            return _WatchedWork(original(*args, **kwargs), what)
+        _say_waiting(f"was waiting in {what}")
+        _State.inside = True
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _State.inside = False
+            _say_waiting("")
+    return wrapper
+
+
+def _wrap_collective(name: str, original):
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if _State.banned is not None:
+            raise Mistake(f"your code called dist.{name}{learner_line()}: exercise "
+                          f"{_State.banned} builds it from send/recv, so the collectives are "
+                          "switched off while it runs")
+        _say_waiting(f"was waiting in dist.{name}{learner_line()}")
+        result = original(*args, **kwargs)
+        _say_waiting("")
+        return result
+    return wrapper
+
+
+def install(learner_file: str, waiting) -> None:
+    """Wrap torch.distributed's calls in this process (once, before importing the learner)."""
+    _State.learner_file, _State.waiting = learner_file, waiting
+    for name in ("send", "recv", "isend", "irecv"):
+        wrapped = _wrap_p2p(name, getattr(c10d, name))
+        setattr(dist, name, wrapped)
+        setattr(c10d, name, wrapped)
+    for name in COLLECTIVES:
+        if hasattr(c10d, name):
+            wrapped = _wrap_collective(name, getattr(c10d, name))
+            setattr(dist, name, wrapped)
+            setattr(c10d, name, wrapped)
+
+
+@contextmanager
+def point_to_point_only(exercise_id: str):
+    """Switch the collectives off while the learner's code runs (the grader's own stay on)."""
+    _State.banned = exercise_id
+    try:
+        yield
+    finally:
+        _State.banned = None
