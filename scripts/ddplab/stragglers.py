@@ -6,7 +6,9 @@ module makes that measurable:
 
 * ``inject_delay``: make one rank late on purpose (a slow data loader, a busier GPU);
 * ``timed_allreduce_hook``: a native-DDP communication hook that averages each bucket with one
-  all-reduce, as DDP's built-in path does, and records it on a ``Timeline``;
+  all-reduce, as DDP's built-in path does, and records it on a ``Timeline`` (it divides the
+  bucket by N where the built-in path multiplies by fl(1/N) while copying: the same bits only
+  when N is a power of two);
 * ``comm_idle_ms``: from one step's events, the time a rank spent waiting for communication
   after its own gradients were ready;
 * ``fit_line``: the slope of idle time (or step time) against the injected delay;
