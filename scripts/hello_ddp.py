@@ -50,9 +50,10 @@ def train(checkpoint: str, epochs: int = 5) -> None:
     try:
         # --8<-- [start:model]
         data = make_data()
-        sampler = DistributedSampler(data, shuffle=True, seed=0)  # this rank's 1/N of the data
+        # This rank's 1/N of the data; drop_last=True: equal shares, never padded (training).
+        sampler = DistributedSampler(data, shuffle=True, seed=0, drop_last=True)
         loader = DataLoader(data, batch_size=32, sampler=sampler)
-        torch.manual_seed(0)  # the same initial weights on every rank (DDP checks the shapes)
+        torch.manual_seed(0)  # same initial weights everywhere (DDP also copies rank 0's)
         model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.02)

@@ -85,7 +85,10 @@ def pack(named_params: NamedParams, caps: list[int]) -> list[NamedParams]:
 # --8<-- [start:first_layout]
 def first_iteration_layout(named_params: NamedParams) -> list[NamedParams]:
     """Before native DDP has seen a backward pass: one bucket per dtype and device, parameters
-    in definition order (distributed.py passes ``[sys.maxsize]`` as the cap, then reverses)."""
+    in definition order inside each.  distributed.py (``_ddp_init_helper``) passes
+    ``[sys.maxsize]`` as the cap and hands the Reducer ``reversed(bucket_indices)``: that
+    reverses the list of buckets (which matters only with several dtypes or devices), not the
+    parameters inside a bucket."""
     return list(reversed(pack(named_params, [sys.maxsize])))
 # --8<-- [end:first_layout]
 

@@ -38,6 +38,7 @@ def reverse_order_buckets(params: list[nn.Parameter], cap_bytes: int) -> list[li
 # --8<-- [end:pack]
 
 
+# --8<-- [start:state]
 class HookedBuckets:
     """Average the gradients of ``params`` over all ranks, bucket by bucket, during backward."""
 
@@ -59,6 +60,7 @@ class HookedBuckets:
     def _reset(self) -> None:
         self.missing = [len(b) for b in self.buckets]  # gradients each bucket still waits for
         self.next_bucket, self.works = 0, []
+    # --8<-- [end:state]
 
     # --8<-- [start:hook]
     def on_grad_ready(self, param: nn.Parameter) -> None:  # receives the parameter, not the grad
