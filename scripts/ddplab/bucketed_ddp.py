@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .comm_hooks import run_comm_hook
 from .naive_ddp import GradSyncSwitch, require_process_group
 from .timeline import Timeline
 
@@ -163,6 +164,20 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
             param.register_post_accumulate_grad_hook(on_grad_ready)
     # --8<-- [end:init]
 
+    # [comm hook] native DDP's API: see ddplab/comm_hooks.py
+    _comm_hook: tuple | None = None  # (state, hook) once registered
+
+    def register_comm_hook(self, state, hook) -> None:
+        """Let ``hook(state, bucket)`` reduce every bucket instead of the built-in average.
+
+        Native DDP's contract: the bucket has ``GradBucket``'s methods, its buffer holds the
+        *undivided* gradients, and the hook returns a ``torch.futures.Future`` of the averaged
+        buffer.  One hook per model, registered before the first backward, as native.
+        """
+        if self._comm_hook is not None:
+            raise RuntimeError("register_comm_hook can only be called once (as native DDP)")
+        self._comm_hook = (state, hook)
+
     # --8<-- [start:forward]
     def forward(self, *args, **kwargs):
         if self._broadcast_buffers_next and self._buffers_to_sync and self.world_size > 1:
@@ -190,7 +205,9 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
                 "(used inside and outside a reentrant torch.utils.checkpoint? pass "
                 "use_reentrant=False)")
         # Copy and divide in one pass, as native DDP does: sum of (grad / N) over N ranks.
-        torch.mul(param.grad.detach(), 1.0 / self.world_size, out=bucket.views[i])
+        # With a comm hook, copy only: the hook averages (reducer.cpp copy_grad_to_bucket).
+        scale = 1.0 if self._comm_hook is not None else 1.0 / self.world_size
+        torch.mul(param.grad.detach(), scale, out=bucket.views[i])
         bucket.ready.add(i)
         if self.overlap:
             self._launch_full_buckets()
@@ -206,9 +223,15 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
             bucket = self.buckets[self._next_bucket]
             if self.timeline is not None:
                 bucket.launched_ms, bucket.done_ms = self.timeline.now(), None
-            bucket.work = dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM, async_op=True)
+            if self._comm_hook is not None:  # [comm hook] the hook reduces; a Future to wait on
+                last = self._next_bucket == len(self.buckets) - 1
+                bucket.work = run_comm_hook(*self._comm_hook, bucket, is_last=last)
+            else:
+                bucket.work = dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM, async_op=True)
             if self.timeline is not None:
-                bucket.work.get_future().add_done_callback(self._completion_recorder(bucket))
+                is_work = hasattr(bucket.work, "get_future")  # a dist.Work, or a hook's Future
+                future = bucket.work.get_future() if is_work else bucket.work
+                future.add_done_callback(self._completion_recorder(bucket))
             self._next_bucket += 1
     # --8<-- [end:hook]
 
