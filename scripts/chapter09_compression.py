@@ -481,6 +481,20 @@ def summarize(result: dict) -> str:
     return "\n".join(lines)
 
 
+def digest(sweep: dict) -> dict:
+    """Per hook, what the page prints: bytes and their ratio to fp32, time, final loss."""
+    world = "2" if "2" in sweep else max(sweep)
+    runs, out = sweep[world], {"world_size": int(world)}
+    tail = lambda loss: sum(loss[-10:]) / len(loss[-10:])  # noqa: E731  (less noisy than one)
+    for h, r in runs.items():
+        out[h] = {"payload_mib": r["payload_bytes"] / 2**20,
+                  "bytes_saved_x": runs["none"]["payload_bytes"] / r["payload_bytes"],
+                  "step_ms": r["step_ms"], "final_loss": tail(r["loss"]),
+                  "test_loss": r["test_loss"],
+                  "final_loss_by_world": {w: tail(sweep[w][h]["loss"]) for w in sweep}}
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> Namespace:
     parser = ddplab.chapter_parser(__doc__, prog="chapter09_compression.py")
     parser.add_argument("--steps", type=ddplab.positive(int), default=None, metavar="N",
@@ -509,6 +523,7 @@ def main(argv: list[str] | None = None) -> dict | None:
                 sweep[world] = ddplab.launch(worker, sub).result["training"]
     result["sweep"] = {str(w): sweep[w] for w in sorted(sweep)}
     del result["training"]
+    result["per_hook"] = digest(result["sweep"])
     names = ["training.png"]
     if "hooks" in result:
         model = chapter03_model(args.out)

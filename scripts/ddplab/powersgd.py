@@ -74,6 +74,12 @@ def split(gradients: list[torch.Tensor], state: PowerSGDState):
     return [m for group in by_shape.values() for m in group], plain
 
 
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b, computed as a batch of one, as torch's hook does (``torch.bmm``): for small
+    matrices the CPU takes another kernel for ``mm`` than for ``bmm``, which rounds differently."""
+    return torch.bmm(a.unsqueeze(0), b.unsqueeze(0)).squeeze(0)
+
+
 def average(tensor: torch.Tensor, group) -> torch.Tensor:
     dist.all_reduce(tensor, group=group)
     return tensor.div_(dist.get_world_size(group))
@@ -109,18 +115,18 @@ def powersgd_hook(state: PowerSGDState, bucket):  # returns a Future
     qs = start_qs(matrices, state, key)
     for q in qs:
         orthogonalize(q)
-    ps = [m @ q for m, q in zip(matrices, qs, strict=True)]        # P = M Q
+    ps = [matmul(m, q) for m, q in zip(matrices, qs, strict=True)]  # P = M Q
     flat_p = torch.cat([p.reshape(-1) for p in ps])
     dist.all_reduce(flat_p, group=group)                           # sum of the ranks' Ps
     ps = [p.view(m.shape[0], -1) for p, m in zip(unflatten(flat_p, ps), matrices, strict=True)]
     for p in ps:
         orthogonalize(p)
     for m, p, q in zip(matrices, ps, qs, strict=True):
-        torch.mm(m.t(), p, out=q)                                  # Q = Mᵀ P
+        q.copy_(matmul(m.t(), p))                                  # Q = Mᵀ P
     flat_q = average(torch.cat([q.reshape(-1) for q in qs]), group)
     for m, p, q, avg_q in zip(matrices, ps, qs, unflatten(flat_q, qs), strict=True):
         q.copy_(avg_q.view_as(q))                                  # kept: the warm start
-        torch.mm(p, q.t(), out=m)                                  # M ≈ P Qᵀ, into the bucket
+        m.copy_(matmul(p, q.t()))                                  # M ≈ P Qᵀ, into the bucket
     state.error[key] = before - buffer                             # what the rank r missed
     return completed(buffer)
 # --8<-- [end:powersgd]
