@@ -18,7 +18,6 @@ Writes figures/chapter09/{training.png, prediction.png, links.png, results.json}
 from __future__ import annotations
 
 import copy
-import json
 import statistics
 import sys
 import time
@@ -36,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 import ddplab
 from ddplab import BucketedDDP
 from ddplab.comm_hooks import HookBucket, bf16_hook, count_bytes, fp16_hook
+from ddplab.hook_cost import chapter03_model, prediction, where_it_pays
 from ddplab.launch import started_by_torchrun
 from ddplab.models import ResidualMLP, make_clusters
 from ddplab.powersgd import PowerSGDState, powersgd_hook
@@ -44,19 +44,12 @@ CHAPTER = 9
 HOOKS = ("none", "fp16", "bf16", "powersgd")
 LABELS = {"none": "no compression", "fp16": "fp16", "bf16": "bf16", "powersgd": "PowerSGD r=2"}
 RANK, START_ITER = 2, 10          # PowerSGD: rank 2 (Gram-Schmidt in both), compress from step 10
-BATCH, LR, MOMENTUM, CAP_MB = 64, 0.05, 0.9, 4.0
+BATCH, LR, MOMENTUM, CAP_MB = 64, 0.02, 0.9, 4.0  # LR: see "Going deeper: a learning rate"
 # torch's powerSGD_hook starts its P and Q all-reduces from future callbacks, on the thread that
 # completed the previous one, while backward goes on starting the next bucket's hook: with
 # several buckets, two ranks can issue collectives in different orders, and gloo aborts ("Received
 # data size doesn't match expected size").  Compared with it, every model has one bucket.
 ONE_BUCKET = 1024.0
-# Links (per direction).  Ethernet: IEEE 802.3 line rates.  InfiniBand HDR 200 Gb/s and NDR
-# 400 Gb/s per port (NVIDIA ConnectX-6 / ConnectX-7 product briefs).  NVLink 4: 900 GB/s per
-# H100 GPU, both directions together (NVIDIA H100 Tensor Core GPU datasheet).  Latencies: typical
-# values, assumed (TCP over Ethernet ~20 µs, RDMA and NVLink a few µs); bandwidth dominates here.
-LINKS = {"10GbE": (1.25e9, 20e-6), "25GbE": (3.125e9, 20e-6), "100GbE": (12.5e9, 15e-6),
-         "IB_HDR": (25e9, 3e-6), "IB_NDR": (50e9, 3e-6), "NVLink4": (450e9, 3e-6)}
-H100 = {"hbm_bytes_per_s": 3.35e12, "fp32_flops": 67e12}  # H100 SXM datasheet (HBM3, FP32)
 
 
 def build_model() -> nn.Module:
@@ -289,117 +282,6 @@ def worker(ctx: ddplab.RankContext, args) -> dict:
     return out
 
 
-# --- 5. the alpha-beta-gamma model ----------------------------------------------------------
-
-def chapter03_model(out: Path) -> dict | None:
-    """alpha, beta, gamma from chapter 03's results.json (native all-reduce fit), or None."""
-    for path in (out / "chapter03" / "results.json",
-                 Path(__file__).resolve().parents[1] / "figures" / "chapter03" / "results.json"):
-        try:
-            r = json.loads(path.read_text())
-            fit = r["alpha_beta"]["native"]
-            return {"alpha_s": fit["alpha_us"] * 1e-6, "beta_s_per_byte": 1e-9 / fit["beta_gbps"],
-                    "gamma_s_per_byte": 1e-9 / r["gamma_gbps"], "world_size":
-                    r.get("provenance", {}).get("world_size", 2), "source": str(path)}
-        except (OSError, KeyError, TypeError, ValueError, ZeroDivisionError):
-            continue
-    return None
-
-
-# --8<-- [start:predict]
-def allreduce_time(size_bytes: float, world: int, alpha: float, beta: float,
-                   gamma: float) -> float:
-    """Chapter 03: t = 2(N-1)·α + 2(N-1)/N·S·β + (N-1)/N·S·γ  (seconds)."""
-    if world < 2:
-        return 0.0
-    return 2 * (world - 1) * alpha + (2 * (world - 1) / world * beta
-                                      + (world - 1) / world * gamma) * size_bytes
-
-
-def predict_hook_ms(hook: dict, world: int, m: dict) -> float:
-    """Each all-reduce the hook made, through the model, plus its compute measured alone.
-    The model is affine in the size, so the calls' total size is all it needs."""
-    alpha_part = hook["calls"] * allreduce_time(0, world, m["alpha_s"], 0, 0)
-    size_part = allreduce_time(hook["payload_bytes"], world, 0, m["beta_s_per_byte"],
-                               m["gamma_s_per_byte"])
-    return (alpha_part + size_part) * 1e3 + hook["compute_ms"]
-# --8<-- [end:predict]
-
-
-def prediction(hooks: dict, world: int, m: dict | None) -> dict:
-    if m is None:
-        return {"skipped": "no figures/chapter03/results.json: run chapter 03 first"}
-    rows = {}
-    for name, h in hooks.items():
-        predicted = predict_hook_ms(h, world, m)
-        rows[name] = {"predicted_ms": predicted, "measured_ms": h["measured_ms"],
-                      "rel_err": (predicted - h["measured_ms"]) / h["measured_ms"]}
-    rows_err = [abs(r["rel_err"]) for r in rows.values()]
-    return {"per_hook": rows, "max_abs_rel_err": max(rows_err),
-            "within_15_percent": [n for n, r in rows.items() if abs(r["rel_err"]) <= 0.15],
-            "model": m}
-
-
-# --- 6. where does compression pay? --------------------------------------------------------
-
-def billion_model(rank: int) -> dict:
-    """An assumed 1 B-parameter model: transformer MLP matrices 4096 × 16384 (and back)."""
-    n, m = 4096, 16384
-    matrices = round(1e9 / (n * m))
-    return {"parameters": matrices * n * m, "buckets": -(-matrices * n * m * 4 // (25 * 2**20)),
-            "payload_powersgd": matrices * rank * (n + m) * 4,
-            "powersgd_flops": matrices * 6 * n * m * rank}
-
-
-# --8<-- [start:links]
-def hook_cost_s(name: str, grad_bytes: float, sent_bytes: float, compute_s: float, world: int,
-                bandwidth: float, alpha: float, calls: int) -> float:
-    """Communication (ring: 2(N-1)/N of the bytes each way) + compression compute."""
-    return (2 * (world - 1) * alpha * calls
-            + 2 * (world - 1) / world * sent_bytes / bandwidth + compute_s)
-
-
-def where_it_pays(hooks: dict, params: int, world: int, loopback: dict | None) -> dict:
-    """Speed-up of each hook's reduction over plain fp32 averaging, per link and model."""
-    big = billion_model(RANK)
-    links = {key: bw for key, bw in LINKS.items()}
-    if loopback is not None:
-        links = {"loopback": (1 / loopback["beta_s_per_byte"], loopback["alpha_s"]), **links}
-    cpu_s_per_byte = {h: hooks[h]["compute_ms"] * 1e-3 / (params * 4) for h in hooks}
-    models = {
-        "this": {"bytes": params * 4, "sent": {h: hooks[h]["payload_bytes"] for h in hooks},
-                 "calls": {h: hooks[h]["calls"] for h in hooks},
-                 "compute_cpu": {h: hooks[h]["compute_ms"] * 1e-3 for h in hooks}},
-        "1B": {"bytes": big["parameters"] * 4,
-               "sent": {"none": big["parameters"] * 4, "fp16": big["parameters"] * 2,
-                        "bf16": big["parameters"] * 2, "powersgd": big["payload_powersgd"]},
-               "calls": {h: big["buckets"] * (3 if h == "powersgd" else 1) for h in hooks},
-               "compute_cpu": {h: cpu_s_per_byte[h] * big["parameters"] * 4 for h in hooks}},
-    }
-    table = {}
-    for model_name, mdl in models.items():
-        numel = mdl["bytes"] / 4
-        h100 = {"none": 0.0, "fp16": 6 * numel / H100["hbm_bytes_per_s"],
-                "bf16": 6 * numel / H100["hbm_bytes_per_s"],
-                "powersgd": (6 * numel * RANK * 1.0 / H100["fp32_flops"]
-                             + 12 * numel / H100["hbm_bytes_per_s"])}
-        for link, (bw, alpha) in links.items():
-            row = {}
-            for where, compute in (("cpu", mdl["compute_cpu"]), ("h100", h100)):
-                base = hook_cost_s("none", mdl["bytes"], mdl["sent"]["none"], compute["none"],
-                                   world, bw, alpha, mdl["calls"]["none"])
-                for h in ("fp16", "bf16", "powersgd"):
-                    cost = hook_cost_s(h, mdl["bytes"], mdl["sent"][h], compute[h], world, bw,
-                                       alpha, mdl["calls"][h])
-                    row[f"{h}_{where}"] = base / cost
-                row[f"none_ms_{where}"] = base * 1e3
-            table.setdefault(model_name, {})[link] = row
-    return {"world_size": world, "rank": RANK, "links": {k: {"bytes_per_s": v[0], "alpha_s": v[1]}
-                                                         for k, v in links.items()},
-            "billion": big, "speedup": table}
-# --8<-- [end:links]
-
-
 # --- figures, summary, main --------------------------------------------------------------
 
 def draw_training(sweep: dict, path: Path) -> None:
@@ -524,12 +406,15 @@ def main(argv: list[str] | None = None) -> dict | None:
     result["sweep"] = {str(w): sweep[w] for w in sorted(sweep)}
     del result["training"]
     result["per_hook"] = digest(result["sweep"])
+    result["training"] = {"steps": args.steps, "batch_per_rank": BATCH, "lr": LR,
+                          "momentum": MOMENTUM, "powersgd_rank": RANK,
+                          "powersgd_start_iter": START_ITER}
     names = ["training.png"]
     if "hooks" in result:
         model = chapter03_model(args.out)
         result["prediction"] = prediction(result["hooks"], result["world_size"], model)
         result["where_it_pays"] = where_it_pays(result["hooks"], result["parameters"],
-                                                world=8, loopback=model)
+                                                world=8, loopback=model, rank=RANK)
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         draw_training(sweep, out / "training.png")
         if "per_hook" in result.get("prediction", {}):

@@ -10,6 +10,9 @@
     naive_ddp.py     NaiveDDP: after backward, one all-reduce per parameter (the tutorials' way)
     bucketed_ddp.py  BucketedDDP: buckets all-reduced during backward (native DDP's design)
     ring.py          ring_all_reduce from send/recv (and a naive all-reduce through rank 0)
+    comm_hooks.py    communication hooks: GradBucket's API for BucketedDDP, fp16/bf16, byte counts
+    powersgd.py      PowerSGD by hand (low-rank gradients, error feedback, warm start)
+    hook_cost.py     chapter 03's α-β-γ model for a hook, and where compression pays
 """
 
 from .bucketed_ddp import BucketedDDP
