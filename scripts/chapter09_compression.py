@@ -291,7 +291,7 @@ def draw_training(sweep: dict, path: Path) -> None:
     for ax, world in zip(axes[:-1], worlds, strict=True):
         for name in HOOKS:
             ax.plot(sweep[world][name]["loss"], label=LABELS[name], lw=1)
-        ax.set_title(f"{world} rank(s)")
+        ax.set_title(f"{world} rank{'s' if world > 1 else ''}")
         ax.set_xlabel("step")
         ax.axvline(START_ITER, color="grey", lw=0.5, ls=":")
     axes[0].set_ylabel("training loss")
@@ -321,6 +321,9 @@ def draw_prediction(pred: dict, path: Path) -> None:
     plotting.save(fig, path)
 
 
+WHERE = {"h100": "H100 compute (datasheet)", "cpu": "this CPU's compute (measured)"}
+
+
 def draw_links(pays: dict, path: Path) -> None:
     from ddplab import plotting
     fig, axes = plotting.figure(1, 2, height=3.2)
@@ -330,7 +333,7 @@ def draw_links(pays: dict, path: Path) -> None:
         for h, color in (("fp16", "tab:orange"), ("powersgd", "tab:red")):
             for where, ls in (("h100", "-"), ("cpu", "--")):
                 ax.plot(links, [table[k][f"{h}_{where}"] for k in links], ls, color=color,
-                        marker="o", ms=3, label=f"{LABELS[h]}, {where} compute")
+                        marker="o", ms=3, label=f"{LABELS[h]}, {WHERE[where]}")
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_yscale("log")
         ax.set_title("this model" if model == "this" else "1 B parameters")

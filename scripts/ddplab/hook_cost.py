@@ -70,7 +70,9 @@ def prediction(hooks: dict, world: int, m: dict | None) -> dict:
                       "rel_err": (predicted - h["measured_ms"]) / h["measured_ms"]}
     rows_err = [abs(r["rel_err"]) for r in rows.values()]
     return {"per_hook": rows, "max_abs_rel_err": max(rows_err),
-            "within_15_percent": [n for n, r in rows.items() if abs(r["rel_err"]) <= 0.15],
+            "within_15_percent": (within := [n for n, r in rows.items()
+                                             if abs(r["rel_err"]) <= 0.15]),
+            "within_15_percent_text": ", ".join(within) if within else "none of them",
             "model": m}
 
 
