@@ -90,6 +90,11 @@ def train_step(model, optimizer, x, y, scaler=None) -> torch.Tensor:
 # --8<-- [end:step]
 
 
+def scaler_for(ctx):
+    """fp16 on a GPU needs a GradScaler; bf16 has float32's range and needs none."""
+    return torch.amp.GradScaler("cuda") if ctx.device.type == "cuda" else None
+
+
 def sgd(model):
     return torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
 
@@ -127,10 +132,10 @@ def same_hook_on_both(ctx, model, data, state_and_hook, steps: int, cap_mb: floa
     for ddp in (ours, theirs):
         state, hook = state_and_hook()   # a fresh state for each: PowerSGD's is per model
         ddp.register_comm_hook(state, hook)
-    opts = [sgd(ours), sgd(theirs)]
+    opts, scalers = [sgd(ours), sgd(theirs)], [scaler_for(ctx), scaler_for(ctx)]
     for x, y in data[:steps]:
-        for ddp, opt in zip((ours, theirs), opts, strict=True):
-            train_step(ddp, opt, x, y)
+        for ddp, opt, scaler in zip((ours, theirs), opts, scalers, strict=True):
+            train_step(ddp, opt, x, y, scaler)
     return max_over_ranks(max_abs_diff(ours.module, theirs.module))
 # --8<-- [end:both]
 
@@ -202,15 +207,15 @@ def train_with(ctx, model, data, test, name: str) -> dict:
     hook = make_hook(name, ctx.world_size)
     if hook is not None:
         ddp.register_comm_hook(*hook)
-    opt, losses, times, counted = sgd(ddp), [], [], None
+    opt, scaler, losses, times, counted = sgd(ddp), scaler_for(ctx), [], [], None
     for step, (x, y) in enumerate(data):
         dist.barrier()
         start = time.perf_counter()
         if step == START_ITER + 1:                     # a compressed step, for every hook
             with count_bytes() as counted:
-                losses.append(train_step(ddp, opt, x, y))
+                losses.append(train_step(ddp, opt, x, y, scaler))
         else:
-            losses.append(train_step(ddp, opt, x, y))
+            losses.append(train_step(ddp, opt, x, y, scaler))
         times.append((time.perf_counter() - start) * 1e3)
     with torch.no_grad():
         test_loss = F.cross_entropy(ddp.module(test[0]), test[1]).item()
