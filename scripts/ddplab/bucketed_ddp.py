@@ -205,7 +205,7 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
                 "(used inside and outside a reentrant torch.utils.checkpoint? pass "
                 "use_reentrant=False)")
         # Copy and divide in one pass, as native DDP does: sum of (grad / N) over N ranks.
-        # With a comm hook, copy only: the hook averages (reducer.cpp copy_grad_to_bucket).
+        # With a comm hook, copy only: the hook averages (reducer.cpp mark_variable_ready_dense).
         scale = 1.0 if self._comm_hook is not None else 1.0 / self.world_size
         torch.mul(param.grad.detach(), scale, out=bucket.views[i])
         bucket.ready.add(i)

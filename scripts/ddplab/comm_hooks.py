@@ -5,8 +5,8 @@ A communication hook replaces the all-reduce of one bucket.  Native DDP's contra
 ``run_comm_hook``): the hook is called as ``hook(state, bucket)`` when a bucket is full, gets a
 ``GradBucket``, and returns a ``torch.futures.Future`` whose value is the *averaged* flat buffer.
 With a hook registered, native DDP copies each gradient into its bucket *without* dividing by the
-world size (reducer.cpp ``copy_grad_to_bucket``): averaging is the hook's job, which is why
-torch's ``allreduce_hook`` divides by the world size itself.
+world size (reducer.cpp ``Reducer::mark_variable_ready_dense``): averaging is the hook's job,
+which is why torch's ``allreduce_hook`` divides by the world size itself.
 
 ``HookBucket`` gives one of BucketedDDP's buckets the methods native's ``GradBucket`` has (the
 pybind in torch/csrc/distributed/c10d/init.cpp: ``index``, ``buffer``, ``gradients``,
