@@ -16,6 +16,9 @@
     bucket_trace.py  BucketedDDP's buckets on a timeline (layered on, not woven in)
     ring.py          ring_all_reduce from send/recv (and a naive all-reduce through rank 0)
     bugs/            chapter 08's bug lab: real DDP failures as broken/fixed function pairs
+    comm_hooks.py    communication hooks: GradBucket's API for BucketedDDP, fp16/bf16, byte counts
+    powersgd.py      PowerSGD by hand (low-rank gradients, error feedback, warm start)
+    hook_cost.py     chapter 03's α-β-γ model for a hook, and where compression pays
 """
 
 from .bucketed_ddp import BucketedDDP

@@ -53,7 +53,8 @@ class BucketTrace:
 
         def record(_future) -> None:  # on the communication thread, when the bucket is done
             done[index] = now()
-        bucket.work.get_future().add_done_callback(record)
+        work = bucket.work  # a dist.Work, or the Future a comm hook returned
+        (work.get_future() if hasattr(work, "get_future") else work).add_done_callback(record)
 
     def _record_pass(self, waiting: float) -> None:
         now = self.timeline.now()

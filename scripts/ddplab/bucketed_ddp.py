@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .bucket_trace import BucketTrace
+from .comm_hooks import run_comm_hook
 from .naive_ddp import GradSyncSwitch, module_device, require_process_group
 from .timeline import Timeline
 
@@ -197,6 +198,20 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
         self.buckets = [make_bucket(i, group) for i, group in enumerate(groups)]
         self._slot = {p: (b, i) for b in self.buckets for i, p in enumerate(b.params)}
 
+    # [comm hook] native DDP's API: see ddplab/comm_hooks.py
+    _comm_hook: tuple | None = None  # (state, hook) once registered
+
+    def register_comm_hook(self, state, hook) -> None:
+        """Let ``hook(state, bucket)`` reduce every bucket instead of the built-in average.
+
+        Native DDP's contract: the bucket has ``GradBucket``'s methods, its buffer holds the
+        *undivided* gradients, and the hook returns a ``torch.futures.Future`` of the averaged
+        buffer.  One hook per model, registered before the first backward, as native.
+        """
+        if self._comm_hook is not None:
+            raise RuntimeError("register_comm_hook can only be called once (as native DDP)")
+        self._comm_hook = (state, hook)
+
     # --8<-- [start:forward]
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled() and not self._rebuilt and self._arrival_order:
@@ -236,7 +251,9 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
                 "(used inside and outside a reentrant torch.utils.checkpoint? pass "
                 "use_reentrant=False)")
         # Divide while copying, as native DDP does (mark_variable_ready_dense): grad * (1/N).
-        torch.mul(param.grad.detach(), 1.0 / self.world_size, out=bucket.views[i])
+        # With a comm hook, copy only: the hook averages (reducer.cpp, same function).
+        scale = 1.0 if self._comm_hook is not None else 1.0 / self.world_size
+        torch.mul(param.grad.detach(), scale, out=bucket.views[i])
         bucket.ready.add(i)
         self._arrived.append(self._index[param])
         if self.overlap:
@@ -250,7 +267,11 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
         while (self._next_bucket < len(self.buckets)
                and self.buckets[self._next_bucket].is_full()):
             bucket = self.buckets[self._next_bucket]
-            bucket.work = dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM, async_op=True)
+            if self._comm_hook is not None:  # the hook reduces, and gives a Future to wait on
+                last = self._next_bucket == len(self.buckets) - 1
+                bucket.work = run_comm_hook(*self._comm_hook, bucket, is_last=last)
+            else:
+                bucket.work = dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM, async_op=True)
             self._next_bucket += 1
     # --8<-- [end:launch]
     # --8<-- [end:hook]
