@@ -90,6 +90,9 @@ def contract_checks(ctx, model) -> dict:
     ddp = BucketedDDP(copy.deepcopy(model), bucket_cap_mb=1e-6)  # one parameter per bucket
     ddp.register_comm_hook(None, spy)
     grads_after_one_step(ddp, ctx.rank)
+    out["seen_first_iteration"] = list(seen)  # native's first iteration: one bucket
+    seen.clear()
+    grads_after_one_step(ddp, ctx.rank)  # rebuilt at the cap: one parameter per bucket
     out["seen"] = seen
     try:
         ddp.register_comm_hook(None, spy)
@@ -147,6 +150,8 @@ def test_the_same_hook_on_both_ddps_gives_the_same_bits_on_two_ranks(two_ranks, 
 
 
 def test_the_bucket_has_gradbuckets_methods_and_undivided_gradients(two_ranks):
+    first = two_ranks["seen_first_iteration"]  # like native: one bucket before the rebuild
+    assert [(s["index"], s["last"], len(s["shapes"])) for s in first] == [(0, True, len(SHAPES))]
     seen = two_ranks["seen"]
     assert [s["index"] for s in seen] == list(range(len(SHAPES)))     # one parameter each
     assert [s["last"] for s in seen] == [False] * (len(SHAPES) - 1) + [True]
