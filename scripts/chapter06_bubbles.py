@@ -13,13 +13,14 @@ Run it:
     python scripts/chapter06_bubbles.py --delays 0,25,50 --slow-rank 0
     torchrun --standalone --nproc-per-node 2 scripts/chapter06_bubbles.py   # hang demos skipped
     make run-chapter06
+    python scripts/chapter06_bubbles.py --replot            # only redraw the figures
 
 Writes figures/chapter06/: timeline_native.png, timeline_bucketed.png, straggler.png,
 straggler_timeline.png, sync_points.png, syncbn_timeline.png, rank0_work.png, uneven_join.png,
 the Chrome/Perfetto traces trace_native_ddp.json, trace_bucketed_ddp.json, trace_straggler.json
 (open them at https://ui.perfetto.dev), on GPUs also torch.profiler traces
-profiler_rank<N>.json, and results.json (or under --out DIR).  The figures are drawn by
-scripts/figures/chapter06.py from results.json alone; run it to redraw them without a rank.
+profiler_rank<N>.json, and results.json (or under --out DIR).  The figures are drawn from
+results.json alone (scripts/figures/chapter06.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from torch.utils.data import DistributedSampler
 import ddplab
 from ddplab import hangs, stragglers, syncbn, timeline
 from ddplab.launch import default_world_size, started_by_torchrun
+from ddplab.replot import draw_figures, replot
 from ddplab.timing import compare, median, slowest_rank, synchronize
 from figures import chapter06 as drawing
 
@@ -694,7 +696,7 @@ def parse_args(argv: list[str] | None = None):
     args.delays = parse_delays(args.delays, args.quick)
     world = (int(os.environ["WORLD_SIZE"]) if started_by_torchrun()
              else args.world_size or default_world_size())
-    if world < 2:
+    if world < 2 and not args.replot:
         raise ddplab.UsageError("chapter 06 needs at least 2 ranks (--world-size 2): "
                                 "a bubble is one rank waiting for another")
     if args.slow_rank is not None and not 0 <= args.slow_rank < world:
@@ -704,6 +706,9 @@ def parse_args(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
+    if args.replot:  # redraw the figures from the last run's files; no rank is started
+        replot(args.out, CHAPTER, drawing.draw)
+        return None
     run = ddplab.launch(worker, args)
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
         return None
@@ -747,8 +752,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                 ("syncbn", result["syncbn_timeline"]), ("rank0_work", result["rank0_work"]),
                 ("uneven_join", uneven["events"]))},
         }
-        figures = drawing.draw(metrics, out)
         ddplab.write_results(out, CHAPTER, metrics, run.provenance)
+        figures = draw_figures(out, drawing.draw)
     print(summarize(metrics))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/ ({len(figures)} figures, "
           f"{len(traces)} traces, results.json); open the traces at https://ui.perfetto.dev")
