@@ -31,7 +31,8 @@ import torch.distributed as dist
 
 import ddplab
 from ddplab import timing
-from ddplab.launch import gpu_count, started_by_torchrun
+from ddplab.devices import gpu_count
+from ddplab.launch import started_by_torchrun
 from ddplab.ranks import point_to_point_context
 from ddplab.replot import draw_figures, replot
 from figures import chapter02 as drawing

@@ -33,8 +33,8 @@ import torch.distributed as dist
 
 import ddplab
 from ddplab import timing
+from ddplab.devices import gpu_count
 from ddplab.fitting import non_negative_lstsq, weighted_r2
-from ddplab.launch import gpu_count
 from ddplab.ranks import point_to_point_context
 from ddplab.replot import draw_figures, replot, write_figure_data
 from ddplab.ring import SEGMENT_BYTES, RingStep, naive_all_reduce, ring_all_reduce
