@@ -26,7 +26,6 @@ import argparse
 import copy
 import statistics
 import sys
-import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
@@ -38,10 +37,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import ddplab
-from ddplab import BucketedDDP, NaiveDDP, timing
+from ddplab import BucketedDDP, NaiveDDP
 from ddplab.memory import PeakMemory
 from ddplab.models import ResidualMLP, make_clusters
 from ddplab.replot import draw_figures, replot
+from ddplab.variant_timing import allreduce_ms, rank_batches, time_variants
 from figures import chapter05 as drawing
 
 CHAPTER = 5
@@ -250,18 +250,6 @@ def accuracy(model: nn.Module, dataset: TensorDataset, device: torch.device) -> 
 
 # --- 2. speed and memory ---------------------------------------------------------------------
 
-def rank_batches(train_set, ctx, batch: int, count: int) -> list[tuple[torch.Tensor, ...]]:
-    """``count`` different batches of this rank's shard, already on the device."""
-    sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank,
-                                 shuffle=True, seed=ctx.seed, drop_last=True)
-    loader = DataLoader(train_set, batch_size=batch, sampler=sampler, drop_last=True)
-    out = []
-    for x, y in loader:
-        out.append((x.to(ctx.device), y.to(ctx.device)))
-        if len(out) == count:
-            break
-    return out
-
 
 def stepper(model, batches):
     """A zero-argument step for ``timing.compare`` that cycles through ``batches``."""
@@ -275,69 +263,12 @@ def stepper(model, batches):
     return step
 
 
-def timed_sync(naive: NaiveDDP, record: list[float], device: torch.device) -> None:
-    """Time NaiveDDP's communication on its own (it is a separate call after backward).
-
-    On nccl, ``all_reduce`` returns once the collective is queued on the GPU, not when it is
-    done: without the synchronize calls this would time the launches.  On CPU they do nothing.
-    """
-    sync = naive.sync_gradients
-
-    def timed():
-        timing.synchronize(device)  # backward's queued GPU work is not part of the sync
-        start = time.perf_counter()
-        sync()
-        timing.synchronize(device)  # until the last all-reduce has really finished
-        record.append((time.perf_counter() - start) * 1e3)
-    naive.sync_gradients = timed
-
-
-def time_variants(ctx, model: nn.Module, batches, kinds, cap_mb: float, rounds: int,
-                  desc: str) -> tuple[dict[str, list[float]], dict]:
-    """Per-round step times (ms, the slowest rank's) of each variant, interleaved and shuffled."""
-    models = {kind: wrap(kind, copy.deepcopy(model), ctx, cap_mb) for kind in kinds}
-    naive_sync_ms: list[float] = []
-    if "naive" in models:
-        timed_sync(models["naive"], naive_sync_ms, ctx.device)
-    steps = {kind: stepper(m, batches) for kind, m in models.items()}
-    timing.compare(steps, rounds=0, warmup=3, device=ctx.device)  # warm-up only
-    naive_sync_ms.clear()
-    samples = timing.compare(steps, rounds=rounds, warmup=0, device=ctx.device, shuffle=True,
-                             progress=lambda r: ddplab.progress(r, ctx, desc))
-    per_round = timing.slowest_rank_per_step(samples)  # a step is as slow as its slowest rank
-    info = {"buckets": {}}
-    if "naive" in models:
-        info["naive_sync_ms"] = statistics.median(naive_sync_ms)
-        info["naive_allreduce_calls"] = sum(p.requires_grad for p in model.parameters())
-    if "bucketed" in models:
-        info["buckets"]["bucketed"] = [b.nbytes for b in models["bucketed"].buckets]
-    if "native" in models:
-        info["buckets"]["native"] = native_bucket_bytes(models["native"])
-    return per_round, info
-
-
-def native_bucket_bytes(ddp: DistributedDataParallel) -> list[int] | None:
-    """Native DDP's bucket sizes now (after the first iteration: the rebuilt ones)."""
-    try:  # a private API, which may change: then the page says "unknown"
-        buckets = ddp.reducer._get_zeros_like_grad_buckets()
-        return [b.buffer().numel() * b.buffer().element_size() for b in buckets]
-    except (AttributeError, RuntimeError):
-        return None
-
-
-def allreduce_ms(numel: int, device: torch.device, repeats: int) -> float:
-    """Median time of one all-reduce of ``numel`` floats (to completion, on a GPU too)."""
-    t = torch.zeros(numel, device=device)
-    samples = timing.time_steps(lambda: dist.all_reduce(t), steps=repeats, warmup=2,
-                                device=device)
-    return timing.slowest_rank(statistics.median(samples))
-
-
 def measure_speed(ctx, args, model: nn.Module, train_set) -> dict:
     size = SIZES[args.size]
     rounds = 12 if ctx.quick else 150
     batches = rank_batches(train_set, ctx, size.batch, count=8)
-    per_round, info = time_variants(ctx, model, batches, VARIANTS, args.bucket_cap_mb, rounds,
+    models = {kind: wrap(kind, copy.deepcopy(model), ctx, args.bucket_cap_mb) for kind in VARIANTS}
+    per_round, info = time_variants(ctx, models, batches, stepper, rounds,
                                     "timing local / naive / bucketed / native")
     median = {k: statistics.median(v) for k, v in per_round.items()}
     # Paired ratios: each round's step against native's step of the same round, then the median.
@@ -461,7 +392,8 @@ def throughput_worker(ctx: ddplab.RankContext, args) -> dict | None:
     torch.manual_seed(ctx.seed)
     model = build_model(size).to(ctx.device)
     batches = rank_batches(train_set, ctx, size.batch, count=4)
-    per_round, _ = time_variants(ctx, model, batches, SWEPT, args.bucket_cap_mb,
+    models = {kind: wrap(kind, copy.deepcopy(model), ctx, args.bucket_cap_mb) for kind in SWEPT}
+    per_round, _ = time_variants(ctx, models, batches, stepper,
                                  rounds=6 if ctx.quick else 30,
                                  desc=f"throughput with {ctx.world_size} rank(s)")
     return {k: statistics.median(v) for k, v in per_round.items()} if ctx.is_main else None
