@@ -249,7 +249,7 @@ def accuracy(model: nn.Module, dataset: TensorDataset, device: torch.device) -> 
 
 
 # --- 2. speed and memory ---------------------------------------------------------------------
-
+# Timing the variants side by side, fairly: scripts/ddplab/variant_timing.py.
 
 def stepper(model, batches):
     """A zero-argument step for ``timing.compare`` that cycles through ``batches``."""

@@ -407,19 +407,8 @@ def launch(args, stage: str, **changes):
     return ddplab.launch(worker, argparse.Namespace(**{**vars(args), "stage": stage, **changes}))
 
 
-# --- the parts run from the launching process -------------------------------------------------
-# torchrun --max-restarts 1 and the runs' event logs: scripts/ddplab/torchrun_restart.py.
-
-def snapshot_latest(source: Path, target: Path) -> Path:
-    """Copy the newest checkpoint (and its checksum) aside, for the forgetful resumes."""
-    latest = ck.latest_checkpoint(source)
-    target.mkdir(parents=True, exist_ok=True)
-    for path in (latest, ck.checksum_path(latest)):
-        shutil.copy2(path, target / path.name)
-    return latest
-
-
 # --- the launching process: run every part, then report ---------------------------------------
+# torchrun --max-restarts 1 and the runs' event logs: scripts/ddplab/torchrun_restart.py.
 
 def summarize(metrics: dict) -> str:
     lines = []
@@ -501,7 +490,7 @@ def run_chapter(args, work: Path) -> dict:
     except ddplab.RankFailed as err:
         crash_error = str(err)
     crash_log = torchrun_restart.read_log(work / "crash" / "log.jsonl")
-    snapshot_latest(work / "crash" / "torch", work / "snapshot" / "torch")
+    pitfalls.snapshot_latest(work / "crash" / "torch", work / "snapshot" / "torch")
     resumed = launch(args, "resume", work=str(work)).result
     resumed_dcp = launch(args, "resume_dcp", work=str(work)).result
     restart = torchrun_restart.run_torchrun_restart(args, SCRIPT, cfg.crash_at, work)
@@ -517,7 +506,7 @@ def run_chapter(args, work: Path) -> dict:
     metrics["dcp"].update({"max_abs_diff": max_abs_diff(resumed_dcp["params"], ref_params),
                            "resumed_from_step": resumed_dcp["resumed_from"],
                            "load_ms": resumed_dcp["load_ms"]})
-    metrics["restart"] = restart_metrics(restart, ref_params)
+    metrics["restart"] = torchrun_restart.restart_metrics(restart, ref_params)
     metrics["pitfalls"].update(pitfalls.forgetful_resumes(resumed, reference, ref_params))
 
     crashed = torchrun_restart.loss_series(crash_log, "crash")
@@ -529,20 +518,6 @@ def run_chapter(args, work: Path) -> dict:
     curves["forgot the RNG states"] = {**crashed, **resumed["forgot"]["rng"]["losses"]}
     return {"metrics": metrics, "curves": curves, "provenance": provenance, "restart": restart,
             "checkpoint_at": resumed["resumed_from"], "crash_at": cfg.crash_at}
-
-
-def restart_metrics(restart: dict, ref_params: torch.Tensor) -> dict:
-    log, final = restart["log"], restart["final"]
-    crash = next(e for e in log if e["event"] == "crash")
-    boot = next(e for e in log if e["event"] == "boot" and e["attempt"] == final["attempt"])
-    resumed_step = final["resumed_from"]
-    return {"max_abs_diff": max_abs_diff(final["params"], ref_params),
-            "restarts": final["attempt"],  # TORCHELASTIC_RESTART_COUNT of the attempt that finished
-            "attempts": sorted({e["attempt"] for e in log}),
-            "crashed_at_step": crash["step"], "resumed_from_step": resumed_step,
-            "lost_steps": crash["step"] - resumed_step,
-            "restart_s": boot["t"] - crash["t"], "wall_s": restart["wall_s"],
-            "replica_diff": final["replica_diff"], "torchrun_said": restart["torchrun_lines"]}
 
 
 def parse_args(argv: list[str] | None = None):

@@ -8,7 +8,8 @@ Chapter 07 makes each mistake on purpose and records what the reader would see:
 * from the launching process: a process killed half-way through a save
   (``atomic_crash_demo``), truncated, corrupted, incomplete and mismatched files
   (``bad_input_demo``), and what a resume that forgot the sampler's position, the generators
-  or the DataLoader's own generator changes (``forgetful_resumes``).
+  or the DataLoader's own generator changes (``snapshot_latest`` keeps the checkpoint they
+  resume from; ``forgetful_resumes`` compares them with the uninterrupted run).
 """
 
 from __future__ import annotations
@@ -188,6 +189,15 @@ def bad_input_demo(good: Path, work: Path, smaller: nn.Module) -> dict:
     except Exception as err:
         messages["torch_load_alone_truncated"] = one_line(err)
     return messages
+
+
+def snapshot_latest(source: Path, target: Path) -> Path:
+    """Copy the newest checkpoint (and its checksum) aside, for the forgetful resumes."""
+    latest = ck.latest_checkpoint(source)
+    target.mkdir(parents=True, exist_ok=True)
+    for path in (latest, ck.checksum_path(latest)):
+        shutil.copy2(path, target / path.name)
+    return latest
 
 
 def forgetful_resumes(resumed: dict, reference: dict, ref_params: torch.Tensor) -> dict:

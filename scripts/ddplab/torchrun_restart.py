@@ -9,7 +9,8 @@ demonstration needs around the training itself:
   carries torchrun's ``restart_count``, so attempts can be told apart; ``loss_series`` reads
   the losses back;
 * ``run_torchrun_restart``: torchrun as a subprocess, bounded by a timeout, ended with all its
-  ranks whatever happens, and torchrun's own words about the failure and the restart.
+  ranks whatever happens, and torchrun's own words about the failure and the restart;
+  ``restart_metrics``: what the restart cost (steps lost, seconds) and whether it was exact.
 """
 
 from __future__ import annotations
@@ -107,3 +108,19 @@ def torchrun_lines(output: str) -> list[str]:
     keep = ("failed (exitcode", "attempts left")
     return [line.split("] ", 1)[-1].split(" of binary")[0].strip()
             for line in output.splitlines() if any(k in line for k in keep)]
+
+
+def restart_metrics(restart: dict, ref_params: torch.Tensor) -> dict:
+    """What the restart cost and whether it resumed exactly (``ref_params``: the
+    uninterrupted run's final parameters)."""
+    log, final = restart["log"], restart["final"]
+    crash = next(e for e in log if e["event"] == "crash")
+    boot = next(e for e in log if e["event"] == "boot" and e["attempt"] == final["attempt"])
+    resumed_step = final["resumed_from"]
+    return {"max_abs_diff": (final["params"] - ref_params).abs().max().item(),
+            "restarts": final["attempt"],  # TORCHELASTIC_RESTART_COUNT of the attempt that finished
+            "attempts": sorted({e["attempt"] for e in log}),
+            "crashed_at_step": crash["step"], "resumed_from_step": resumed_step,
+            "lost_steps": crash["step"] - resumed_step,
+            "restart_s": boot["t"] - crash["t"], "wall_s": restart["wall_s"],
+            "replica_diff": final["replica_diff"], "torchrun_said": restart["torchrun_lines"]}
