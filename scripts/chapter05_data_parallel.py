@@ -14,9 +14,10 @@ Run it:
     python scripts/chapter05_data_parallel.py --quick   # under a minute on a 2-core laptop
     torchrun --standalone --nproc-per-node 2 scripts/chapter05_data_parallel.py  # no scaling sweep
     python scripts/chapter05_data_parallel.py --size large   # a bigger model, for GPU throughput
+    python scripts/chapter05_data_parallel.py --replot  # only redraw the figures
 
 Writes figures/chapter05/{equivalence.png, speed.png, scaling.png, sharding.png, results.json}
-(or under --out DIR).
+(or under --out DIR); the figures are drawn from results.json alone (scripts/figures/chapter05.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import argparse
 import copy
 import statistics
 import sys
-import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
@@ -37,18 +37,15 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import ddplab
-from ddplab import BucketedDDP, NaiveDDP, timing
+from ddplab import BucketedDDP, NaiveDDP
 from ddplab.memory import PeakMemory
 from ddplab.models import ResidualMLP, make_clusters
+from ddplab.replot import draw_figures, replot
+from ddplab.variant_timing import allreduce_ms, rank_batches, time_variants
+from figures import chapter05 as drawing
 
 CHAPTER = 5
 VARIANTS = ("local", "naive", "bucketed", "native")
-LABELS = {"local": "local (no communication)", "naive": "NaiveDDP", "bucketed": "BucketedDDP",
-          "native": "native DDP", "single": "one process, global batch",
-          "no_sync": "BucketedDDP + no_sync",
-          "native_view": "native DDP, gradient_as_bucket_view"}
-SHORT = {"local": "local\n(no comm.)", "naive": "Naive", "bucketed": "Bucketed",
-         "native": "native", "native_view": "native\nas view"}
 
 
 @dataclass(frozen=True)
@@ -252,19 +249,7 @@ def accuracy(model: nn.Module, dataset: TensorDataset, device: torch.device) -> 
 
 
 # --- 2. speed and memory ---------------------------------------------------------------------
-
-def rank_batches(train_set, ctx, batch: int, count: int) -> list[tuple[torch.Tensor, ...]]:
-    """``count`` different batches of this rank's shard, already on the device."""
-    sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank,
-                                 shuffle=True, seed=ctx.seed, drop_last=True)
-    loader = DataLoader(train_set, batch_size=batch, sampler=sampler, drop_last=True)
-    out = []
-    for x, y in loader:
-        out.append((x.to(ctx.device), y.to(ctx.device)))
-        if len(out) == count:
-            break
-    return out
-
+# Timing the variants side by side, fairly: scripts/ddplab/variant_timing.py.
 
 def stepper(model, batches):
     """A zero-argument step for ``timing.compare`` that cycles through ``batches``."""
@@ -278,69 +263,12 @@ def stepper(model, batches):
     return step
 
 
-def timed_sync(naive: NaiveDDP, record: list[float], device: torch.device) -> None:
-    """Time NaiveDDP's communication on its own (it is a separate call after backward).
-
-    On nccl, ``all_reduce`` returns once the collective is queued on the GPU, not when it is
-    done: without the synchronize calls this would time the launches.  On CPU they do nothing.
-    """
-    sync = naive.sync_gradients
-
-    def timed():
-        timing.synchronize(device)  # backward's queued GPU work is not part of the sync
-        start = time.perf_counter()
-        sync()
-        timing.synchronize(device)  # until the last all-reduce has really finished
-        record.append((time.perf_counter() - start) * 1e3)
-    naive.sync_gradients = timed
-
-
-def time_variants(ctx, model: nn.Module, batches, kinds, cap_mb: float, rounds: int,
-                  desc: str) -> tuple[dict[str, list[float]], dict]:
-    """Per-round step times (ms, the slowest rank's) of each variant, interleaved and shuffled."""
-    models = {kind: wrap(kind, copy.deepcopy(model), ctx, cap_mb) for kind in kinds}
-    naive_sync_ms: list[float] = []
-    if "naive" in models:
-        timed_sync(models["naive"], naive_sync_ms, ctx.device)
-    steps = {kind: stepper(m, batches) for kind, m in models.items()}
-    timing.compare(steps, rounds=0, warmup=3, device=ctx.device)  # warm-up only
-    naive_sync_ms.clear()
-    samples = timing.compare(steps, rounds=rounds, warmup=0, device=ctx.device, shuffle=True,
-                             progress=lambda r: ddplab.progress(r, ctx, desc))
-    per_round = timing.slowest_rank_per_step(samples)  # a step is as slow as its slowest rank
-    info = {"buckets": {}}
-    if "naive" in models:
-        info["naive_sync_ms"] = statistics.median(naive_sync_ms)
-        info["naive_allreduce_calls"] = sum(p.requires_grad for p in model.parameters())
-    if "bucketed" in models:
-        info["buckets"]["bucketed"] = [b.nbytes for b in models["bucketed"].buckets]
-    if "native" in models:
-        info["buckets"]["native"] = native_bucket_bytes(models["native"])
-    return per_round, info
-
-
-def native_bucket_bytes(ddp: DistributedDataParallel) -> list[int] | None:
-    """Native DDP's bucket sizes now (after the first iteration: the rebuilt ones)."""
-    try:  # a private API, which may change: then the page says "unknown"
-        buckets = ddp.reducer._get_zeros_like_grad_buckets()
-        return [b.buffer().numel() * b.buffer().element_size() for b in buckets]
-    except (AttributeError, RuntimeError):
-        return None
-
-
-def allreduce_ms(numel: int, device: torch.device, repeats: int) -> float:
-    """Median time of one all-reduce of ``numel`` floats (to completion, on a GPU too)."""
-    t = torch.zeros(numel, device=device)
-    samples = timing.time_steps(lambda: dist.all_reduce(t), steps=repeats, warmup=2,
-                                device=device)
-    return timing.slowest_rank(statistics.median(samples))
-
-
 def measure_speed(ctx, args, model: nn.Module, train_set) -> dict:
     size = SIZES[args.size]
     rounds = 12 if ctx.quick else 150
     batches = rank_batches(train_set, ctx, size.batch, count=8)
-    per_round, info = time_variants(ctx, model, batches, VARIANTS, args.bucket_cap_mb, rounds,
+    models = {kind: wrap(kind, copy.deepcopy(model), ctx, args.bucket_cap_mb) for kind in VARIANTS}
+    per_round, info = time_variants(ctx, models, batches, stepper, rounds,
                                     "timing local / naive / bucketed / native")
     median = {k: statistics.median(v) for k, v in per_round.items()}
     # Paired ratios: each round's step against native's step of the same round, then the median.
@@ -464,7 +392,8 @@ def throughput_worker(ctx: ddplab.RankContext, args) -> dict | None:
     torch.manual_seed(ctx.seed)
     model = build_model(size).to(ctx.device)
     batches = rank_batches(train_set, ctx, size.batch, count=4)
-    per_round, _ = time_variants(ctx, model, batches, SWEPT, args.bucket_cap_mb,
+    models = {kind: wrap(kind, copy.deepcopy(model), ctx, args.bucket_cap_mb) for kind in SWEPT}
+    per_round, _ = time_variants(ctx, models, batches, stepper,
                                  rounds=6 if ctx.quick else 30,
                                  desc=f"throughput with {ctx.world_size} rank(s)")
     return {k: statistics.median(v) for k, v in per_round.items()} if ctx.is_main else None
@@ -542,179 +471,7 @@ def sharding_demo() -> dict:
     }
 
 
-# --- drawing ---------------------------------------------------------------------------------
-
-def draw_equivalence(training: dict, path) -> None:
-    from ddplab import plotting
-
-    fig, (ax_loss, ax_diff) = plotting.figure(1, 2, height=3.4, layout="constrained")
-    styles = {"native": ("native", "-", 3.0), "naive": ("naive", (0, (4, 3)), 1.6),
-              "bucketed": ("bucketed", (0, (1, 2)), 1.8), "single": ("model", "-", 0.8),
-              "no_sync": ("data", (0, (6, 2, 1, 2)), 1.2)}
-    for kind, (color, style, width) in styles.items():
-        values = training["loss"][kind]
-        ax_loss.plot(range(1, len(values) + 1), values, color=plotting.COLORS[color],
-                     linestyle=style, linewidth=width, label=LABELS[kind])
-    ax_loss.set_xlabel("optimizer step")
-    ax_loss.set_ylabel("training loss (global batch)")
-    ax_loss.set_title("Five ways to train: one curve")
-    ax_loss.legend(fontsize=7.5, loc="upper right")
-
-    per_step = training["max_abs_diff_per_step"]
-    zero = []
-    for key, color, label in (("naive_vs_native", "naive", "NaiveDDP vs native"),
-                              ("bucketed_vs_native", "bucketed", "BucketedDDP vs native"),
-                              ("ddp_vs_single_process", "model", "native vs one process"),
-                              ("no_sync_vs_large_batch", "data", "no_sync vs one batch")):
-        values = per_step[key]
-        if max(values) == 0.0:
-            zero.append(label)
-            continue
-        ax_diff.plot(range(1, len(values) + 1), [max(v, 1e-12) for v in values],
-                     color=plotting.COLORS[color], label=label)
-    ax_diff.set_yscale("log")
-    ax_diff.set_ylim(1e-10, 1e-3)
-    ax_diff.set_xlabel("optimizer step")
-    ax_diff.set_ylabel(r"max $|\theta - \theta_{\mathrm{reference}}|$")
-    ax_diff.set_title("Distance between parameters")
-    if zero:
-        ax_diff.text(0.03, 0.95, "exactly 0 at every step:\n" + "\n".join(zero),
-                     transform=ax_diff.transAxes, va="top", fontsize=8,
-                     bbox={"facecolor": "white", "edgecolor": "#CCCCCC"})
-    ax_diff.legend(fontsize=7.5, loc="lower right")
-    plotting.save(fig, path)
-
-
-def draw_speed(result: dict, path) -> None:
-    from ddplab import plotting
-
-    fig, (ax_time, ax_mem) = plotting.figure(1, 2, height=3.3, layout="constrained",
-                                             gridspec_kw={"width_ratios": [4, 3]})
-    times = result["step_time_ms"]
-    quart = result["step_time_quartiles_ms"]
-    names = [SHORT[k] for k in VARIANTS]
-    bars = ax_time.bar(names, [times[k] for k in VARIANTS],
-                       color=[plotting.COLORS[k] for k in VARIANTS],
-                       yerr=[[times[k] - quart[k][0] for k in VARIANTS],
-                             [quart[k][1] - times[k] for k in VARIANTS]], capsize=3)
-    for bar, kind in zip(bars, VARIANTS, strict=True):
-        ratio = 1.0 if kind == "native" else result["ratio_to_native"][kind]
-        ax_time.annotate(f"{times[kind]:.1f} ms\n×{ratio:.2f}", (bar.get_x() + bar.get_width() / 2,
-                         quart[kind][1]), xytext=(0, 3), textcoords="offset points",
-                         ha="center", va="bottom", fontsize=8)
-    ax_time.set_ylabel("median step time (ms)")
-    ax_time.set_title("Step time (×: ratio to native)")
-    ax_time.set_ylim(0, max(q[1] for q in quart.values()) * 1.3)
-    ax_time.tick_params(axis="x", labelsize=8)
-
-    memory = result["peak_memory_mb"]
-    if memory:
-        kinds = list(MEMORY_VARIANTS)
-        x = range(len(kinds))
-        for offset, phase, hatch in ((-0.2, "setup", "//"), (0.2, "steady", "")):
-            values = [memory[k][phase] for k in kinds]
-            bars = ax_mem.bar([i + offset for i in x], values, width=0.4, hatch=hatch,
-                              color=[plotting.COLORS[k.split("_")[0]] for k in kinds],
-                              edgecolor="white")
-            for bar, value in zip(bars, values, strict=True):
-                ax_mem.annotate(f"{value:.0f}", (bar.get_x() + bar.get_width() / 2, value),
-                                xytext=(0, 2), textcoords="offset points", ha="center",
-                                va="bottom", fontsize=7)
-        ax_mem.set_xticks(list(x), [SHORT[k] for k in kinds])
-        top = max(v for k in kinds for v in memory[k].values())
-        ax_mem.set_ylim(0, top * 1.25)
-    else:
-        ax_mem.text(0.5, 0.5, "peak memory needs Linux /proc\nor a GPU", ha="center",
-                    transform=ax_mem.transAxes)
-    ax_mem.set_ylabel("peak memory added (MiB)")
-    ax_mem.set_title("Peak memory per rank\n(hatched: setup; plain: steady state)")
-    ax_mem.tick_params(axis="x", labelsize=8)
-    plotting.save(fig, path)
-
-
-def draw_scaling(scaling: dict, path) -> None:
-    from ddplab import plotting
-
-    fig, ax = plotting.figure(height=3.3)
-    points = scaling["points"]
-    sizes = [p["world_size"] for p in points]
-    base = points[0]["samples_per_s"]["local"] / points[0]["world_size"]
-    ax.plot(sizes, [base * n for n in sizes], linestyle=":", color=plotting.OKABE_ITO["grey"],
-            label="linear: N × one rank without communication")
-    for kind in SWEPT:
-        values = [p["samples_per_s"][kind] for p in points]
-        ax.plot(sizes, values, marker="o", color=plotting.COLORS[kind], label=LABELS[kind])
-    cores = scaling.get("cpu_count") if scaling.get("threads_per_rank") else None
-    if cores and sizes[-1] > cores:
-        ax.axvspan(cores * 1.2, sizes[-1] * 1.25, color=plotting.COLORS["idle"], zorder=0)
-        ax.text(cores * 1.25, base * 0.15, f"more ranks than\n{cores} CPU cores:\nthey take turns",
-                fontsize=8)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [str(n) for n in sizes])
-    ax.minorticks_off()
-    ax.set_xlabel("world size (ranks)")
-    ax.set_ylabel("training samples per second")
-    per_rank = f"{scaling['per_rank_batch']} samples per rank per step"
-    if scaling.get("threads_per_rank"):
-        per_rank += ", one core per rank"
-    ax.set_title(f"Throughput ({per_rank})")
-    ax.set_ylim(bottom=0)
-    ax.legend(loc="upper left")
-    plotting.save(fig, path)
-
-
-def draw_sharding(sharding: dict, path) -> None:
-    from matplotlib.patches import Rectangle
-
-    from ddplab import plotting
-
-    fig, (ax, ax_epoch) = plotting.figure(1, 2, height=3.4, gridspec_kw={"width_ratios": [3, 2]})
-    titles = {"manual": "manual slices", "padded": "DistributedSampler\n(drop_last=False)",
-              "drop_last": "DistributedSampler\n(drop_last=True)"}
-    n, world = sharding["samples"], sharding["world_size"]
-    cmap = plotting.plt.get_cmap("cividis")
-    y = 0.0
-    for how, shards in sharding["shards"].items():
-        twice = set(sharding["seen_twice"][how])
-        for rank, shard in enumerate(shards):
-            for pos, i in enumerate(shard):
-                repeated = i in twice
-                ax.add_patch(Rectangle((pos, -y - rank), 0.92, 0.85, facecolor=cmap(i / n),
-                                       edgecolor=plotting.COLORS["naive"] if repeated else "none",
-                                       linewidth=2.2 if repeated else 0))
-                ax.text(pos + 0.46, -y - rank + 0.42, str(i), ha="center", va="center",
-                        fontsize=8, color="white" if i < n * 0.55 else "black")
-            ax.text(-0.2, -y - rank + 0.42, f"rank {rank}", ha="right", va="center", fontsize=8)
-        missing = sharding["never_seen"][how]
-        note = f"never seen: {missing}" if missing else "every sample seen,"
-        if twice:
-            note += f"\n{sorted(twice)} twice (outlined)"
-        ax.text(5.1, -y - world / 2 + 0.9, f"{titles[how]}\n{note}", va="center", fontsize=8)
-        y += world + 0.8
-    ax.set_xlim(-1.6, 10.5)
-    ax.set_ylim(-y + 0.6, 1.1)
-    ax.axis("off")
-    ax.set_title(f"{n} samples on {world} ranks", loc="left")
-
-    orders = sharding["rank0_order_by_epoch"]
-    for row, (flag, label) in enumerate((("with_set_epoch", "with set_epoch(e)"),
-                                         ("without_set_epoch", "without set_epoch"))):
-        for epoch, order in enumerate(orders[flag]):
-            yy = -(row * 4.2 + epoch)
-            for pos, i in enumerate(order):
-                ax_epoch.add_patch(Rectangle((pos, yy), 0.92, 0.85, facecolor=cmap(i / 12)))
-                ax_epoch.text(pos + 0.46, yy + 0.42, str(i), ha="center", va="center",
-                              fontsize=8, color="white" if i < 12 * 0.55 else "black")
-            ax_epoch.text(-0.2, yy + 0.42, f"epoch {epoch}", ha="right", va="center", fontsize=8)
-        ax_epoch.text(0, -(row * 4.2) + 1.15, label, fontsize=9, fontweight="bold")
-    ax_epoch.set_xlim(-2.2, 6.2)
-    ax_epoch.set_ylim(-7.6, 2.0)
-    ax_epoch.axis("off")
-    ax_epoch.set_title("Rank 0's samples per epoch\n(12 samples, 2 ranks, shuffled)", loc="left")
-    plotting.save(fig, path)
-
-
-# --- summary and main ------------------------------------------------------------------------
+# --- the summary (the launching process; the figures: scripts/figures/chapter05.py) ----------
 
 def verdict(value: float) -> str:
     return "bit for bit" if value == 0.0 else "float rounding" if value < 1e-4 else "DIFFERENT"
@@ -752,7 +509,7 @@ def summarize(r: dict, prov: dict) -> str:
              "native": f"{calls['native']} bucket(s), during backward"}
     for kind in VARIANTS:
         ratio = "" if kind == "native" else f"×{r['ratio_to_native'][kind]:.2f} native"
-        lines.append(f"  {LABELS[kind]:<26} {r['step_time_ms'][kind]:7.1f} ms  {ratio:<13} "
+        lines.append(f"  {drawing.LABELS[kind]:<26} {r['step_time_ms'][kind]:7.1f} ms  {ratio:<13} "
                      f"{notes[kind]}")
     lines.append(f"  one tiny all-reduce takes {why['small_allreduce_ms']:.2f} ms; the whole "
                  f"{why['gradient_mib']:.1f} MiB gradient in one message "
@@ -760,7 +517,7 @@ def summarize(r: dict, prov: dict) -> str:
     mem = r["peak_memory_mb"]
     if mem:
         lines.append("Peak memory added per rank, setup | steady state (MiB): " + ", ".join(
-            f"{LABELS[k]} {mem[k]['setup']:.0f} | {mem[k]['steady']:.0f}"
+            f"{drawing.LABELS[k]} {mem[k]['setup']:.0f} | {mem[k]['steady']:.0f}"
             for k in MEMORY_VARIANTS))
     scaling = r["scaling"]
     if "points" in scaling:
@@ -790,6 +547,9 @@ def parse_args(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
+    if args.replot:  # redraw the figures from the last run's files; no rank is started
+        replot(args.out, CHAPTER, drawing.draw)
+        return None
     run = ddplab.launch(worker, args)
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
         return None
@@ -798,14 +558,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     result["scaling"] = sweep_world_sizes(args, run, result)
     result["sharding"] = sharding_demo()
     with ddplab.chapter_output(args.out, CHAPTER) as out:
-        draw_equivalence(result["training"], out / "equivalence.png")
-        draw_speed(result, out / "speed.png")
-        draw_sharding(result["sharding"], out / "sharding.png")
-        names = ["equivalence.png", "speed.png", "sharding.png"]
-        if "points" in result["scaling"]:
-            draw_scaling(result["scaling"], out / "scaling.png")
-            names.append("scaling.png")
         ddplab.write_results(out, CHAPTER, result, run.provenance)
+        names = draw_figures(out, drawing.draw)
     print(summarize(result, run.provenance))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(names)}, results.json}}")
     return result

@@ -13,13 +13,14 @@ Run it:
     python scripts/chapter06_bubbles.py --delays 0,25,50 --slow-rank 0
     torchrun --standalone --nproc-per-node 2 scripts/chapter06_bubbles.py   # hang demos skipped
     make run-chapter06
+    python scripts/chapter06_bubbles.py --replot            # only redraw the figures
 
 Writes figures/chapter06/: timeline_native.png, timeline_bucketed.png, straggler.png,
 straggler_timeline.png, sync_points.png, syncbn_timeline.png, rank0_work.png, uneven_join.png,
 the Chrome/Perfetto traces trace_native_ddp.json, trace_bucketed_ddp.json, trace_straggler.json
 (open them at https://ui.perfetto.dev), on GPUs also torch.profiler traces
-profiler_rank<N>.json, and results.json (or under --out DIR).  The figures are drawn by
-scripts/figures/chapter06.py from results.json alone; run it to redraw them without a rank.
+profiler_rank<N>.json, and results.json (or under --out DIR).  The figures are drawn from
+results.json alone (scripts/figures/chapter06.py).
 """
 
 from __future__ import annotations
@@ -42,62 +43,22 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 import ddplab
-from ddplab import hangs, stragglers, syncbn, timeline
+from ddplab import bubble_bench, hangs, stragglers, timeline
+from ddplab.bubble_bench import mlp, native_ddp, rank_batch, record_timeline, sgd, wrapped
 from ddplab.launch import default_world_size, started_by_torchrun
+from ddplab.replot import draw_figures, replot
+from ddplab.syncbn_study import batchnorm_vs_syncbn, syncbn_timeline
 from ddplab.timing import compare, median, slowest_rank, synchronize
 from figures import chapter06 as drawing
 
 CHAPTER = 6
-BUCKET_MB = 0.25          # small buckets: several all-reduces per step, visible on a timeline
 HANG_TIMEOUT_S = 3.0      # how long the two hang demonstrations wait before giving up
 EXPECTED_SLOPE = 1.0      # each ms the late rank loses is one ms every other rank waits
 DELAYS = {"quick": [0, 10, 20, 30, 40], "full": [0, 5, 10, 15, 20, 25, 30, 40]}
 BUBBLE_DELAY_MS = 20.0    # the delay drawn on the straggler timeline
 
 
-# --- models, data, one training step ---------------------------------------------------------
-
-def mlp(width: int = 256, depth: int = 4) -> nn.Sequential:
-    """No buffers, no BatchNorm: the gradient all-reduce is the only collective in a step."""
-    layers: list[nn.Module] = []
-    for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(width, 10))
-
-
-def cnn() -> nn.Sequential:
-    """A small convolutional net with three BatchNorm layers."""
-    def block(c_in: int, c_out: int, stride: int) -> list[nn.Module]:
-        return [nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out),
-                nn.ReLU()]
-    return nn.Sequential(*block(3, 16, 1), *block(16, 32, 2), *block(32, 32, 2),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
-
-
-def rank_batch(ctx: ddplab.RankContext, shape: tuple[int, ...], salt: int = 0):
-    """This rank's own batch (each rank sees different data, as in real training)."""
-    g = torch.Generator().manual_seed(1000 * (salt + 1) + ctx.rank)
-    x = torch.randn(shape, generator=g)
-    y = torch.randint(0, 10, (shape[0],), generator=g)
-    return x.to(ctx.device), y.to(ctx.device)
-
-
-def native_ddp(model: nn.Module, ctx: ddplab.RankContext, **kwargs) -> DDP:
-    model = model.to(ctx.device)
-    ids = {"device_ids": [ctx.local_rank]} if ctx.device.type == "cuda" else {}
-    return DDP(model, bucket_cap_mb=BUCKET_MB, **ids, **kwargs)
-
-
-def wrapped(kind: str, ctx: ddplab.RankContext, tl: timeline.Timeline):
-    """An MLP wrapped by native DDP (timed by a comm hook) or by BucketedDDP (times itself)."""
-    torch.manual_seed(ctx.seed)
-    model = mlp().to(ctx.device)
-    if kind == "bucketed":
-        return ddplab.BucketedDDP(model, bucket_cap_mb=BUCKET_MB, timeline=tl)
-    ddp = native_ddp(model, ctx)
-    ddp.register_comm_hook(None, stragglers.timed_allreduce_hook(tl))
-    return ddp
-
+# --- one training step; the models and each rank's batch: scripts/ddplab/bubble_bench.py ------
 
 # --8<-- [start:step]
 def train_step(model, opt, x, y, tl: timeline.Timeline, late_ms: float = 0.0):
@@ -116,38 +77,14 @@ def train_step(model, opt, x, y, tl: timeline.Timeline, late_ms: float = 0.0):
 # --8<-- [end:step]
 
 
-def sgd(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=0.01)
-
-
 # --- 1. timelines ------------------------------------------------------------------------------
 
-def record_timeline(ctx, model: nn.Module, tl: timeline.Timeline, x, y, *, steps: int,
-                    late_ms: float = 0.0, windows: int = 3) -> list[timeline.Event] | None:
-    """A few consecutive steps on one shared clock, all ranks' events on rank 0.
-
-    Other processes share a small machine's cores, and one of them can stall a step; so we
-    record ``windows`` runs of ``steps`` steps and keep the one of median length.
-    """
-    opt = sgd(model)
-    for _ in range(3):  # warm-up: first steps allocate, and native DDP rebuilds its buckets
-        train_step(model, opt, x, y, tl, late_ms)
-    recorded = []
-    for _ in range(windows):
-        dist.barrier()
-        tl.start_clock()
-        for _ in range(steps):
-            train_step(model, opt, x, y, tl, late_ms)
-        recorded.append(timeline.gather_events(tl))
-    if not ctx.is_main:
-        return None
-    return sorted(recorded, key=lambda events: max(e.end_ms for e in events))[windows // 2]
-
-
 def mlp_timeline(ctx, kind: str, steps: int, late_ms: float = 0.0):
+    """A few steps of the MLP on one shared clock (bubble_bench.record_timeline)."""
     tl = timeline.Timeline(ctx.rank, device=ctx.device)
     x, y = rank_batch(ctx, (64, 256))
-    return record_timeline(ctx, wrapped(kind, ctx, tl), tl, x, y, steps=steps, late_ms=late_ms)
+    return record_timeline(ctx, wrapped(kind, ctx, tl), tl, x, y, train_step, steps=steps,
+                           late_ms=late_ms)
 
 
 def profiler_trace(ctx, steps: int = 2) -> str | None:
@@ -226,6 +163,7 @@ def summarize_sweep(sweep: dict, delays: list[float], slow_rank: int) -> dict:
 
 
 # --- 3. sync points ----------------------------------------------------------------------------
+# BatchNorm against SyncBatchNorm, the sync points inside a model: scripts/ddplab/syncbn_study.py
 
 def hook_cost(ctx, rounds: int) -> dict:
     """What replacing DDP's built-in (C++) all-reduce by a Python hook costs, and whether the
@@ -295,116 +233,6 @@ def metric_reduction(ctx, rounds: int) -> dict:
             "reduce_ms": median([e.duration_ms for e in tl.events]),
             "collectives_per_step": {"without": stragglers.count_collectives(plain),
                                      "with": stragglers.count_collectives(logged)}}
-
-
-def sync_batchnorm(model: nn.Module, device: torch.device, tl: timeline.Timeline | None):
-    """Native SyncBatchNorm on GPUs; on CPU ddplab's, which can also time its collectives
-    (the native one refuses CPU tensors)."""
-    if device.type == "cuda":
-        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    return syncbn.convert_sync_batchnorm(model, timeline=tl)
-
-
-def native_syncbn_on_cpu() -> str | None:
-    """What native DDP says when handed a CPU model with torch.nn.SyncBatchNorm in it."""
-    if dist.get_backend() != "gloo":
-        return None
-    try:
-        DDP(nn.SyncBatchNorm.convert_sync_batchnorm(cnn()))
-    except ValueError as err:
-        return f"{type(err).__name__}: {err}"
-    return None
-
-
-# --8<-- [start:full_batch_check]
-def diff_to_full_batch(ctx, model: DDP, x, y) -> float:
-    """Largest gradient difference between DDP on shards and one process on the whole batch.
-
-    SyncBatchNorm must match it to rounding; plain BatchNorm normalises each shard with its
-    own statistics, so it does not.
-    """
-    reference = cnn().to(ctx.device)                 # plain BatchNorm, one process, all data
-    reference.load_state_dict(model.module.state_dict())
-    xs = [torch.empty_like(x) for _ in range(ctx.world_size)]
-    ys = [torch.empty_like(y) for _ in range(ctx.world_size)]
-    dist.all_gather(xs, x)
-    dist.all_gather(ys, y)
-    F.cross_entropy(reference(torch.cat(xs)), torch.cat(ys)).backward()
-    F.cross_entropy(model(x), y).backward()          # DDP: mean over my shard, then averaged
-    diff = max((a.grad - b.grad).abs().max().item()
-               for a, b in zip(model.parameters(), reference.parameters(), strict=True))
-    model.zero_grad()
-    return slowest_rank(diff)                        # the worst rank's difference
-# --8<-- [end:full_batch_check]
-
-
-def bn_models(ctx, tl: timeline.Timeline | None) -> dict[str, DDP]:
-    models = {}
-    for name in ("bn", "syncbn"):
-        torch.manual_seed(ctx.seed)
-        net = cnn() if name == "bn" else sync_batchnorm(cnn(), ctx.device, tl)
-        models[name] = native_ddp(net, ctx)
-    return models
-
-
-def batchnorm_vs_syncbn(ctx, rounds: int) -> dict:
-    """Step times, collectives per step, time inside SyncBatchNorm's collectives, and the
-    gradient check against one process that sees the whole batch."""
-    x, y = rank_batch(ctx, (16, 3, 32, 32), salt=1)
-    tl = timeline.Timeline(ctx.rank, device=ctx.device)
-    models = bn_models(ctx, tl)
-    quiet = timeline.Timeline(ctx.rank, enabled=False)
-    opts = {name: sgd(m) for name, m in models.items()}
-    diffs = {name: diff_to_full_batch(ctx, m, x, y) for name, m in models.items()}
-
-    def step(name):
-        return lambda: train_step(models[name], opts[name], x, y, quiet)
-    samples = compare({name: step(name) for name in models}, rounds=rounds, warmup=3,
-                      device=ctx.device)
-    in_syncbn = []
-    for _ in range(rounds):
-        dist.barrier()
-        tl.start_clock()
-        step("syncbn")()
-        in_syncbn.append(sum(e.duration_ms for e in tl.events))
-    counts = {k: stragglers.count_collectives(step(k)) for k in models}
-    counts["syncbn_forward_sync_off"] = collectives_without_buffer_sync(ctx, x, y)
-    return {"step_time_ms": {k: median(v) for k, v in samples.items()},
-            "syncbn_collectives_ms": median(in_syncbn) if tl.events else None,
-            "collectives_per_step": counts,
-            "buffer_sync_off_argument": stragglers.no_forward_buffer_sync(),
-            "broadcasts_per_step": {"default": counts["syncbn"].get("broadcast", 0),
-                                    "forward_sync_off": counts["syncbn_forward_sync_off"].get(
-                                        "broadcast", 0)},
-            "max_abs_grad_diff_vs_full_batch": diffs,
-            "implementation": ("torch.nn.SyncBatchNorm" if ctx.device.type == "cuda"
-                               else "ddplab.syncbn.SyncBatchNorm"),
-            "native_on_cpu_error": native_syncbn_on_cpu()}
-
-
-def collectives_without_buffer_sync(ctx, x, y) -> dict:
-    """The SyncBatchNorm model with DDP's per-forward buffer broadcast turned off."""
-    torch.manual_seed(ctx.seed)
-    net = sync_batchnorm(cnn(), ctx.device, None)
-    off = stragglers.no_forward_buffer_sync()
-    model = native_ddp(net, ctx, **off)
-    if "broadcast_buffers" in off:   # torch < 2.13: that also skipped the sync at construction
-        stragglers.broadcast_buffers_once(model.module)
-    opt = sgd(model)
-    quiet = timeline.Timeline(ctx.rank, enabled=False)
-    for _ in range(2):   # past the first step, whose end also broadcasts the rebuilt buckets
-        train_step(model, opt, x, y, quiet)
-    return stragglers.count_collectives(lambda: train_step(model, opt, x, y, quiet))
-
-
-def syncbn_timeline(ctx, late_ms: float, steps: int = 2):
-    """SyncBatchNorm under native DDP with one late rank: where does the on-time rank wait?"""
-    tl = timeline.Timeline(ctx.rank, device=ctx.device)
-    model = bn_models(ctx, tl)["syncbn"]
-    model.register_comm_hook(None, stragglers.timed_allreduce_hook(tl))
-    stragglers.time_ddp_pre_forward(model, tl)
-    x, y = rank_batch(ctx, (16, 3, 32, 32), salt=1)
-    return record_timeline(ctx, model, tl, x, y, steps=steps, late_ms=late_ms)
 
 
 # --8<-- [start:rank0_work]
@@ -615,8 +443,8 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
                          for kind in ("native", "bucketed")},
               "hook": hook_cost(ctx, rounds),
               "metric": metric_reduction(ctx, rounds),
-              "syncbn": batchnorm_vs_syncbn(ctx, max(6, rounds // 2)),
-              "syncbn_timeline": syncbn_timeline(ctx, late),
+              "syncbn": batchnorm_vs_syncbn(ctx, max(6, rounds // 2), train_step),
+              "syncbn_timeline": syncbn_timeline(ctx, late, train_step),
               "join_collectives": join_collectives_per_step(ctx),
               "rank0_work": rank0_work(ctx),
               "uneven": uneven_inputs(ctx),
@@ -629,45 +457,7 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
     return result if ctx.is_main else None
 
 
-# --- numbers and traces from the events (drawing: figures/chapter06.py) -------------------------
-
-def rank0_work_numbers(events, after_step: int = 1) -> dict:
-    """rank 0's evaluate+save time, and how long the others then waited in the next step."""
-    work = next(e for e in events if e.cat == "eval")
-    idle = stragglers.idle_events(events)
-    others = [e for e in idle if e.rank != 0]
-    nxt = [sorted((e for e in others if e.rank == r), key=lambda e: e.start_ms)[after_step + 1]
-           for r in sorted({e.rank for e in others})]
-    return {"eval_ms": work.duration_ms,
-            "idle_ms_other_ranks": statistics.fmean(e.duration_ms for e in nxt)}
-
-
-def buckets_in_flight(events: list[timeline.Event]) -> int:
-    """Median over ranks and backward passes: buckets in flight at the last bucket's launch."""
-    counts = []
-    for rank in sorted({e.rank for e in events}):
-        for backward in (e for e in events if e.rank == rank and e.cat == "backward"):
-            inside = [e for e in events if e.rank == rank
-                      and backward.start_ms <= e.start_ms <= backward.end_ms]
-            counts.append(stragglers.in_flight_at_last_launch(inside, rank))
-    return statistics.median_low(counts)   # a count that happened, not a half
-
-
-def write_traces(out: Path, result: dict) -> list[str]:
-    def with_idle(events):
-        return events + stragglers.idle_events(events)
-    files = {"trace_native_ddp.json": with_idle(result["timelines"]["native"]),
-             "trace_bucketed_ddp.json": result["timelines"]["bucketed"],
-             "trace_straggler.json": with_idle(result["bubble"])}
-    for name, events in files.items():
-        timeline.write_chrome_trace(out / name, events)
-    names = list(files)
-    for rank, trace in enumerate(result.get("profiler_traces", [])):
-        name = f"profiler_rank{rank}.json"
-        (out / name).write_text(trace)
-        names.append(name)
-    return names
-
+# --- command line, and the files (drawing: scripts/figures/chapter06.py) ----------------------
 
 def parse_delays(text: str | None, quick: bool) -> list[float]:
     if text is None:
@@ -694,7 +484,7 @@ def parse_args(argv: list[str] | None = None):
     args.delays = parse_delays(args.delays, args.quick)
     world = (int(os.environ["WORLD_SIZE"]) if started_by_torchrun()
              else args.world_size or default_world_size())
-    if world < 2:
+    if world < 2 and not args.replot:
         raise ddplab.UsageError("chapter 06 needs at least 2 ranks (--world-size 2): "
                                 "a bubble is one rank waiting for another")
     if args.slow_rank is not None and not 0 <= args.slow_rank < world:
@@ -704,6 +494,9 @@ def parse_args(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
+    if args.replot:  # redraw the figures from the last run's files; no rank is started
+        replot(args.out, CHAPTER, drawing.draw)
+        return None
     run = ddplab.launch(worker, args)
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
         return None
@@ -717,14 +510,14 @@ def main(argv: list[str] | None = None) -> dict | None:
                       and uneven["join_max_abs_diff_params"] == 0.0)
     no_join = hung["uneven_without_join"]
     with ddplab.chapter_output(args.out, CHAPTER) as out:
-        traces = write_traces(out, result)
+        traces = bubble_bench.write_traces(out, result)
         metrics = {
             "straggler": {**sweeps["native"], "slow_rank": slow,
                           "expected_slope": EXPECTED_SLOPE, "bucketed": sweeps["bucketed"],
                           "bubble_delay_ms": BUBBLE_DELAY_MS},
             "syncbn": {k: v for k, v in result["syncbn"].items()},
             "sync_points": {"metric_reduction": result["metric"],
-                            "rank0_work": rank0_work_numbers(result["rank0_work"]),
+                            "rank0_work": stragglers.rank0_work_numbers(result["rank0_work"]),
                             "rank0_only_collective": hung["rank0_only_collective"]},
             "hook": result["hook"],
             "uneven": {"join_completed": join_completed,
@@ -740,15 +533,16 @@ def main(argv: list[str] | None = None) -> dict | None:
                                 "ddplab.Timeline (host clock, perf_counter)"),
             "buckets_per_step": {kind: len({e.name for e in ev if e.cat == "comm"})
                                  for kind, ev in result["timelines"].items()},
-            "buckets_in_flight_at_last_launch": buckets_in_flight(result["timelines"]["native"]),
+            "buckets_in_flight_at_last_launch": stragglers.buckets_in_flight(
+                result["timelines"]["native"]),
             "trace_files": traces,
             "timelines": {name: [asdict(e) for e in events] for name, events in (
                 *result["timelines"].items(), ("bubble", result["bubble"]),
                 ("syncbn", result["syncbn_timeline"]), ("rank0_work", result["rank0_work"]),
                 ("uneven_join", uneven["events"]))},
         }
-        figures = drawing.draw(metrics, out)
         ddplab.write_results(out, CHAPTER, metrics, run.provenance)
+        figures = draw_figures(out, drawing.draw)
     print(summarize(metrics))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/ ({len(figures)} figures, "
           f"{len(traces)} traces, results.json); open the traces at https://ui.perfetto.dev")

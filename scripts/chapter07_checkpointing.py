@@ -10,6 +10,7 @@ run's parameters, bit for bit.  Last, the usual mistakes, each with the error it
 Run it:
     python scripts/chapter07_checkpointing.py                   # 2 CPU ranks, started by mp.spawn
     python scripts/chapter07_checkpointing.py --quick           # < 1 minute (what the tests run)
+    python scripts/chapter07_checkpointing.py --replot          # only redraw the figures
     make run-chapter07
     torchrun --standalone --nproc-per-node 2 scripts/chapter07_checkpointing.py
         # same code; skips what needs several launches (crash + rerun, DCP resume, restart)
@@ -21,24 +22,22 @@ Train on your own, kill rank 1 at step 120, let torchrun restart the group; it r
 The same with mp.spawn: the crash ends the run; the same command again resumes from /tmp/ckpt:
     python scripts/chapter07_checkpointing.py --train --ckpt-dir /tmp/ckpt --crash-at-step 120
 
-Writes figures/chapter07/{resume.png, restart.png, cost.png, results.json} (or under --out DIR).
+Writes figures/chapter07/{resume.png, restart.png, cost.png, resume.json, restart.json,
+results.json} (or under --out DIR); the figures are drawn from results.json and the two JSON
+files beside it (scripts/figures/chapter07.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import os
-import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -52,10 +51,14 @@ from torch.utils.data import DataLoader, TensorDataset
 import ddplab
 from ddplab import checkpoint as ck
 from ddplab import checkpoint_dcp as dcpck
-from ddplab import timing
-from ddplab.launch import default_world_size, started_by_torchrun
-from ddplab.stopping import end_process_tree
+from ddplab import checkpoint_pitfalls as pitfalls
+from ddplab import timing, torchrun_restart
+from ddplab.checkpoint_pitfalls import max_abs_diff
+from ddplab.launch import started_by_torchrun
+from ddplab.replot import draw_figures, replot, write_figure_data
 from ddplab.timing import slowest_rank
+from ddplab.torchrun_restart import EventLog, restart_count
+from figures import chapter07 as drawing
 
 CHAPTER = 7
 SCRIPT = Path(__file__).resolve()
@@ -318,126 +321,8 @@ def finish(ctx, model, losses, seen, saves, resumed) -> dict:
             "resumed_from": resumed["step"] if resumed else None}
 
 
-def restart_count() -> int:
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-
-
-class EventLog:
-    """Rank 0 appends one JSON line per event, so a run that dies leaves its history behind."""
-
-    def __init__(self, path: Path, job: str, ctx: ddplab.RankContext):
-        self.path, self.job, self.ctx = path, job, ctx
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(self, event: str, any_rank: bool = False, **fields) -> None:
-        if not (self.ctx.is_main or any_rank):
-            return
-        record = {"t": time.time(), "job": self.job, "attempt": restart_count(),
-                  "launcher": self.ctx.launcher, "event": event, **fields}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-
-def read_log(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-# --- pitfalls, each with the error it really gives ------------------------------------------
-
-# --8<-- [start:every_rank_saves]
-def every_rank_saves(ctx, model, directory: Path) -> dict:
-    """torch.save(state, path) on every rank: rank 0 reads the file back while rank 1 is
-    half-way through writing the same bytes to it (we hold rank 1 there with a barrier)."""
-    path = directory / "model.pt"
-    state = {"model": model.module.state_dict()}
-    buffer = io.BytesIO()
-    torch.save(state, buffer)  # exactly the bytes torch.save(state, path) writes
-    data = buffer.getvalue()
-    if ctx.rank == 0:
-        torch.save(state, path)  # rank 0 is done...
-    dist.barrier()
-    error = None
-    with open(path, "wb") if ctx.rank == 1 else nullcontext() as writer:  # ...rank 1 truncates it
-        if writer:
-            writer.write(data[: len(data) // 2])
-            writer.flush()
-        dist.barrier()
-        if ctx.rank == 0:
-            try:
-                torch.load(path, weights_only=True)
-            except Exception as err:
-                error = one_line(err)
-        dist.barrier()
-        if writer:
-            writer.write(data[len(data) // 2:])
-    return {"error": error}
-# --8<-- [end:every_rank_saves]
-
-
-_PRETEND_GPU = [False]  # while True, torch.save records every tensor as saved from cuda:0
-
-
-def _register_pretend_tagger() -> None:
-    """torch.save asks registered "taggers" where a storage lives; ours answers cuda:0."""
-    if not getattr(_register_pretend_tagger, "done", False):
-        torch.serialization.register_package(
-            0, lambda storage: "cuda:0" if _PRETEND_GPU[0] else None, lambda s, loc: None)
-        _register_pretend_tagger.done = True
-
-
-# --8<-- [start:map_location]
-def load_without_map_location(ctx, model, directory: Path) -> dict:
-    """A checkpoint written by rank 0 from GPU 0, loaded on every rank with and without
-    map_location.  On a CPU machine we write the same file a GPU would: its tensors say cuda:0."""
-    path = directory / "from_gpu0.pt"
-    if ctx.rank == 0:
-        if ctx.device.type == "cuda":
-            torch.save(model.module.state_dict(), path)  # really on cuda:0
-        else:
-            _register_pretend_tagger()
-            _PRETEND_GPU[0] = True
-            try:
-                torch.save(model.module.state_dict(), path)
-            finally:
-                _PRETEND_GPU[0] = False
-    dist.barrier()
-    recorded = set()  # a map_location function sees where each tensor was saved from
-    torch.load(path, weights_only=True, map_location=lambda s, loc: recorded.add(loc) or s)
-    try:
-        without = str(next(iter(torch.load(path, weights_only=True).values())).device)
-    except Exception as err:
-        without = one_line(err)
-    with_ = str(next(iter(torch.load(path, weights_only=True,
-                                     map_location=ctx.device).values())).device)
-    everyone = [None] * ctx.world_size
-    dist.all_gather_object(everyone, {"rank": ctx.rank, "without": without, "with": with_})
-    return {"saved_on": sorted(recorded), "ranks": everyone}
-# --8<-- [end:map_location]
-
-
-def ddp_prefix(ctx, cfg: Config, model) -> dict:
-    """Saving the DDP wrapper's state_dict: every key gains "module." and a plain model refuses."""
-    plain = make_model(cfg)
-    try:
-        plain.load_state_dict(model.state_dict())
-        torch_error = None
-    except RuntimeError as err:
-        torch_error = " ".join(str(err).split())[:240]
-    try:
-        ck.load_model_state(plain, model.state_dict(), Path("ddp_state.pt"))
-        ours = None
-    except ck.CheckpointError as err:
-        ours = str(err)
-    return {"torch_error": torch_error, "our_error": ours}
-
-
-def one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    first = text.split(". ")[0] if text else ""
-    return f"{type(err).__name__}: {first}" if first else type(err).__name__
-
-
 # --- what each launch runs ----------------------------------------------------------------------
+# The pitfalls, each with the error it really gives: scripts/ddplab/checkpoint_pitfalls.py.
 
 def config(args) -> Config:
     return QUICK if args.quick else FULL
@@ -448,11 +333,11 @@ def stage_reference(ctx, args) -> dict:
     cfg, work = config(args), Path(args.work)
     result = train(ctx, cfg, Job("uninterrupted", work / "reference", save=("torch", "dcp")))
     model = build(ctx, cfg, Job("pitfalls", work / "pitfalls"))[0]
-    pitfalls_dir = work / "pitfalls"
-    pitfalls_dir.mkdir(parents=True, exist_ok=True)
-    result["pitfalls"] = {"every_rank_saves": every_rank_saves(ctx, model, pitfalls_dir),
-                          "no_map_location": load_without_map_location(ctx, model, pitfalls_dir),
-                          "ddp_prefix": ddp_prefix(ctx, cfg, model)}
+    where = work / "pitfalls"
+    where.mkdir(parents=True, exist_ok=True)
+    result["pitfalls"] = {"every_rank_saves": pitfalls.every_rank_saves(ctx, model, where),
+                          "no_map_location": pitfalls.load_without_map_location(ctx, model, where),
+                          "ddp_prefix": pitfalls.ddp_prefix(make_model(cfg), model)}
     return result
 
 
@@ -522,279 +407,8 @@ def launch(args, stage: str, **changes):
     return ddplab.launch(worker, argparse.Namespace(**{**vars(args), "stage": stage, **changes}))
 
 
-# --- the parts run from the launching process -------------------------------------------------
-
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a - b).abs().max().item()
-
-
-def snapshot_latest(source: Path, target: Path) -> Path:
-    """Copy the newest checkpoint (and its checksum) aside, for the forgetful resumes."""
-    latest = ck.latest_checkpoint(source)
-    target.mkdir(parents=True, exist_ok=True)
-    for path in (latest, ck.checksum_path(latest)):
-        shutil.copy2(path, target / path.name)
-    return latest
-
-
-def run_torchrun_restart(args, cfg: Config, work: Path) -> dict:
-    """torchrun --max-restarts 1 as a subprocess: rank N-1 is killed at cfg.crash_at, once."""
-    run_dir = work / "restart"
-    world = args.world_size or default_world_size()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", str(world), "--max-restarts", "1", str(SCRIPT), "--train",
-           "--ckpt-dir", str(run_dir), "--crash-at-step", str(cfg.crash_at),
-           "--crash-how", "kill", "--seed", str(args.seed), "--backend", args.backend,
-           "--timeout", str(args.timeout), "--out", str(work / "restart-out"),
-           *(["--quick"] if args.quick else [])]
-    # torch >= 2.5 shares torchrun's rendezvous store with the workers; a restarted rank can
-    # read the dead attempt's addresses from it and fail to connect (pytorch/pytorch#135712).
-    # TMPDIR inside the work directory: what torchrun leaves there goes when the work dir goes.
-    (work / "tmp").mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "TMPDIR": str(work / "tmp"),
-           "LOGLEVEL": "INFO"}  # torchrun then also says when it restarts the group
-    started = time.time()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=4 * args.timeout)
-    except subprocess.TimeoutExpired:
-        raise ddplab.RankFailed(world - 1, "the torchrun restart demonstration hung "
-                                "(torchrun's output is above)", read_rest(proc)) from None
-    finally:  # also on Ctrl-C, SIGTERM or an error here: torchrun and its ranks end with us
-        end_process_tree(proc)
-    if proc.returncode != 0:
-        root = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", output, re.DOTALL)
-        raise ddplab.RankFailed(int(root.group(1)) if root else world - 1,
-                                f"under torchrun (exit status {proc.returncode}); torchrun's "
-                                "output is above", output[-4000:])
-    final = torch.load(run_dir / "final.pt", weights_only=True)
-    return {"final": final, "log": read_log(run_dir / "log.jsonl"), "started": started,
-            "wall_s": time.time() - started, "torchrun_lines": torchrun_lines(output)}
-
-
-def read_rest(proc: subprocess.Popen) -> str:
-    """What a hung torchrun printed, once it and its ranks are ended."""
-    end_process_tree(proc)
-    return proc.communicate()[0][-4000:]  # communicate keeps what it read before the timeout
-
-
-def torchrun_lines(output: str) -> list[str]:
-    """torchrun's own words about the failure and the restart (without the log prefix)."""
-    keep = ("failed (exitcode", "attempts left")
-    return [line.split("] ", 1)[-1].split(" of binary")[0].strip()
-            for line in output.splitlines() if any(k in line for k in keep)]
-
-
-def atomic_crash_demo(work: Path) -> dict:
-    """A process killed between writing the temporary file and renaming it."""
-    directory = work / "atomic"
-    code = ("import os, signal, sys, torch; from ddplab import checkpoint as ck; "
-            "d = sys.argv[1]; ck.save_checkpoint({'w': torch.ones(1000)}, d, step=1); "
-            "os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL); "
-            "ck.save_checkpoint({'w': torch.zeros(1000)}, d, step=2)")
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent)}
-    proc = subprocess.run([sys.executable, "-c", code, str(directory)], env=env,
-                          capture_output=True, text=True, timeout=120)
-    latest = ck.latest_checkpoint(directory)
-    state = ck.load_checkpoint(latest)
-    return {"exit_code": proc.returncode, "files": sorted(p.name for p in directory.iterdir()),
-            "latest": latest.name, "latest_loads": bool(state["w"].eq(1).all())}
-
-
-def bad_input_demo(cfg: Config, good: Path, work: Path) -> dict:
-    """Each broken checkpoint gets one clear line (paths shown relative to the work dir)."""
-    bad = work / "bad"
-    messages = {}
-
-    def copy(name: str, data: bytes, checksum: bool = True) -> Path:
-        path = bad / name / good.name
-        path.parent.mkdir(parents=True)
-        path.write_bytes(data)
-        if checksum:
-            shutil.copy2(ck.checksum_path(good), ck.checksum_path(path))
-        return path
-
-    def message(action) -> str:
-        try:
-            action()
-        except ck.CheckpointError as err:
-            return str(err).replace(f"{work}/", "")
-        return "no error"
-
-    data = good.read_bytes()
-    weight = torch.load(good, weights_only=True)["model"]["0.weight"]
-    at = data.find(weight.numpy().tobytes()[:64]) + 101  # a byte inside the first weight matrix
-    flipped = bytearray(data)
-    flipped[at] ^= 0xFF
-    cpu = torch.device("cpu")
-    truncated = copy("truncated", data[: len(data) // 2])
-    corrupted = copy("corrupted", bytes(flipped))
-    incomplete = copy("incomplete", data, checksum=False)
-    messages["truncated"] = message(lambda: ck.load_checkpoint(truncated, cpu))
-    messages["corrupted"] = message(lambda: ck.load_checkpoint(corrupted, cpu))
-    messages["incomplete"] = message(lambda: ck.load_checkpoint(incomplete, cpu))
-    messages["missing_dir"] = message(lambda: ck.list_checkpoints(work / "no_such_dir"))
-    state = ck.load_checkpoint(good, cpu)
-    messages["wrong_shape"] = message(lambda: ck.load_model_state(
-        make_model(cfg, hidden=cfg.hidden // 2), state["model"], good.relative_to(work)))
-    silently = torch.load(corrupted, weights_only=True)["model"]["0.weight"]  # no checksum check
-    messages["torch_load_alone_changed_weight_by"] = max_abs_diff(silently, weight)
-    try:
-        torch.load(truncated, weights_only=True)
-        messages["torch_load_alone_truncated"] = "no error"
-    except Exception as err:
-        messages["torch_load_alone_truncated"] = one_line(err)
-    return messages
-
-
-def dcp_mb_per_rank(directory: Path, world: int) -> list[float]:
-    """DCP files are named __<rank>_<n>.distcp; rank 0 also writes .metadata."""
-    sizes = [0] * world
-    for f in directory.iterdir():
-        if f.name == ".metadata" or f.suffix == ".distcp":
-            rank = 0 if f.name == ".metadata" else int(f.name.split("_")[2])
-            sizes[rank] += f.stat().st_size / 1e6
-    return sizes
-
-
-# --- drawing ------------------------------------------------------------------------------------
-
-def loss_series(log: list[dict], job: str, attempt: int | None = None) -> dict[int, float]:
-    return {e["step"] - 1: e["loss"] for e in log if e["job"] == job and e["event"] == "step"
-            and (attempt is None or e["attempt"] == attempt)}
-
-
-def draw_resume(curves: dict, crash_at: int, checkpoint_at: int, path: Path) -> None:
-    """Top: loss curves, the resumed ones on top of the uninterrupted one.  Bottom: |difference|."""
-    from ddplab import plotting
-
-    ok = plotting.OKABE_ITO
-    styles = {"uninterrupted": dict(color="#BBBBBB", lw=5, zorder=1),
-              "crash (mp.spawn), then rerun": dict(color=ok["blue"], lw=1.6, ls="-"),
-              "resumed from DCP": dict(color=ok["green"], lw=1.6, ls=(0, (4, 2))),
-              "torchrun restart": dict(color=ok["orange"], lw=1.6, ls=(0, (1, 1.5))),
-              "forgot the sampler position": dict(color=ok["vermillion"], lw=1.2, ls="--"),
-              "forgot the RNG states": dict(color=ok["purple"], lw=1.2, ls="-.")}
-    fig, (top, bottom) = plotting.figure(2, 1, height=6.0, sharex=True,
-                                         gridspec_kw={"height_ratios": [3, 2]})
-    reference = curves["uninterrupted"]
-    for name, series in curves.items():
-        steps = sorted(series)
-        top.plot(steps, [series[s] for s in steps], label=name, **styles[name])
-        if name != "uninterrupted":
-            after = [s for s in steps if s >= checkpoint_at]
-            bottom.plot(after, [abs(series[s] - reference[s]) for s in after], **styles[name])
-    for ax in (top, bottom):
-        ax.axvline(crash_at, color=ok["vermillion"], lw=0.8)
-        ax.axvspan(checkpoint_at, crash_at, color=plotting.COLORS["idle"], lw=0)
-    top.text(crash_at, top.get_ylim()[1], " crash", color=ok["vermillion"], va="top", fontsize=8)
-    top.text(checkpoint_at, top.get_ylim()[1], "last checkpoint ", ha="right", va="top",
-             fontsize=8, color=ok["grey"])
-    top.set_ylabel("training loss\n(mean over ranks)")
-    bottom.set_yscale("symlog", linthresh=1e-6)
-    bottom.set_ylim(-1e-7, 1)
-    bottom.set_ylabel("|loss − uninterrupted|")
-    bottom.set_xlabel("optimizer step")
-    bottom.text(checkpoint_at, 2e-7, "resumed correctly: exactly 0  ", ha="right", va="bottom",
-                fontsize=8)
-    handles, labels = top.get_legend_handles_labels()
-    bottom.legend(handles, labels, ncols=3, fontsize=8, loc="upper center",
-                  bbox_to_anchor=(0.5, -0.35))
-    top.set_title("Every correct resume retraces the uninterrupted run exactly")
-    plotting.save(fig, path)
-
-
-def draw_restart(restart: dict, resumed_from: int, path: Path) -> None:
-    """Where the time went when torchrun restarted the group: start-up, lost steps, loading."""
-    from ddplab import plotting
-
-    ok, log, t0 = plotting.OKABE_ITO, restart["log"], restart["started"]
-    crash = next(e for e in log if e["event"] == "crash")
-    styles = {"start processes (import torch, rendezvous)": ("#DDDDDD", None),
-              "build model and data": (ok["purple"], None),
-              "load checkpoint": (ok["yellow"], None),
-              "training steps": (plotting.COLORS["compute"], None),
-              "steps lost, done again": (ok["sky"], "////")}
-    fig, ax = plotting.figure(height=2.9)
-    labelled = set()
-
-    def bar(y: int, start: float, stop: float, part: str) -> None:
-        color, hatch = styles[part]
-        ax.barh(y, stop - start, left=start - t0, height=0.5, color=color, hatch=hatch,
-                edgecolor="white" if hatch else color, lw=0,
-                label=None if part in labelled else part)
-        labelled.add(part)
-
-    for y, attempt in ((1, 0), (0, 1)):
-        events = [e for e in log if e["attempt"] == attempt]
-        at = {e["event"]: e["t"] for e in events if e["event"] in ("boot", "built", "start")}
-        finished = {e["step"]: e["t"] for e in events if e["event"] == "step"}  # step -> time
-        bar(y, t0 if attempt == 0 else crash["t"], at["boot"],
-            "start processes (import torch, rendezvous)")
-        bar(y, at["boot"], at["built"], "build model and data")
-        bar(y, at["built"], at["start"], "load checkpoint")
-        checkpointed = finished.get(resumed_from, at["start"])
-        redone = crash["t"] if attempt == 0 else finished[crash["step"]]
-        bar(y, at["start"], checkpointed, "training steps")
-        bar(y, checkpointed, redone, "steps lost, done again")
-        bar(y, redone, max(finished.values()) if attempt else redone, "training steps")
-        saves = [e["t"] - t0 for e in events if e["event"] == "save"]
-        ax.plot(saves, [y] * len(saves), "|", color=ok["green"], ms=15, mew=2,
-                label=None if attempt else "checkpoint saved")
-    ax.plot([crash["t"] - t0], [1], "X", color=ok["vermillion"], ms=10,
-            label=f"rank {crash['rank']} killed at step {crash['step']}")
-    ax.set_yticks([1, 0], ["attempt 0", "attempt 1\n(restarted)"])
-    ax.set_xlim(0, None)
-    ax.set_ylim(-0.5, 1.5)
-    ax.set_xlabel("seconds since torchrun started")
-    ax.legend(ncols=2, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3))
-    ax.set_title("torchrun --max-restarts 1: the group dies, is restarted, and resumes")
-    plotting.save(fig, path)
-
-
-def draw_cost(metrics: dict, path: Path) -> None:
-    """Left: how long a save or a load takes.  Right: how many bytes each rank writes."""
-    from ddplab import plotting
-
-    ok = plotting.OKABE_ITO
-    fig, (left, right) = plotting.figure(1, 2, height=3.4, gridspec_kw={"width_ratios": [3, 2]})
-    phase_style = {"collect": ("collect state, gather RNG", ok["purple"]),
-                   "write": ("write + SHA-256", ok["blue"]), "fsync": ("fsync", ok["orange"]),
-                   "rename": ("rename, checksum file", ok["green"]),
-                   "prune_barrier": ("prune, barrier", ok["grey"])}
-    edge = 0.0
-    for name, value in metrics["save_phases_ms"].items():
-        label, color = phase_style[name]
-        left.barh(3, value, left=edge, color=color, label=label)
-        edge += value
-    dcp, whole = metrics["dcp"], ok["sky"]
-    left.barh(2, dcp["save_ms"], color=whole)
-    left.barh(1, metrics["load_ms"] or 0.0, color=whole)
-    left.barh(0, dcp.get("load_ms") or 0.0, color=whole)
-    left.set_yticks([3, 2, 1, 0], ["save: rank 0,\ntorch.save", "save: DCP,\nevery rank",
-                                   "load: torch.load", "load: DCP"])
-    left.set_xlabel("time (ms): saves a median, loads the resume's slowest rank")
-    left.legend(fontsize=7, ncols=2, loc="upper center", bbox_to_anchor=(0.45, -0.2))
-    left.set_title("How long training waits")
-
-    world = len(dcp["mb_per_rank"])
-    groups = {"rank 0\nonly": [metrics["checkpoint_mb"]] + [0.0] * (world - 1),
-              "DCP": dcp["mb_per_rank"],
-              "every rank\n(pitfall)": [metrics["checkpoint_mb"]] * world}
-    width = 0.8 / world
-    for r in range(world):
-        xs = [i + (r - (world - 1) / 2) * width for i in range(len(groups))]
-        right.bar(xs, [v[r] for v in groups.values()], width, color=plotting.rank_color(r),
-                  label=f"rank {r}")
-    right.set_xticks(range(len(groups)), list(groups))
-    right.set_ylabel("MB written per checkpoint")
-    right.legend(fontsize=8)
-    right.set_title("Who writes what")
-    plotting.save(fig, path)
-
-
 # --- the launching process: run every part, then report ---------------------------------------
+# torchrun --max-restarts 1 and the runs' event logs: scripts/ddplab/torchrun_restart.py.
 
 def summarize(metrics: dict) -> str:
     lines = []
@@ -852,12 +466,13 @@ def run_chapter(args, work: Path) -> dict:
         "pitfalls": reference["pitfalls"],
     }
     dcp_dir = dcpck.list_distributed(work / "reference" / "dcp")[-1]
-    dcp_mb = dcp_mb_per_rank(dcp_dir, provenance["world_size"])
+    dcp_mb = dcpck.dcp_mb_per_rank(dcp_dir, provenance["world_size"])
     metrics["dcp"] = {"save_ms": timing.median([s["dcp"] for s in reference["saves"]]),
                       "mb_per_rank": dcp_mb, "checkpoint_mb": sum(dcp_mb)}
-    metrics["bad_input"] = bad_input_demo(cfg, good, work)
+    smaller = make_model(cfg, hidden=cfg.hidden // 2)  # a checkpoint of another model
+    metrics["bad_input"] = pitfalls.bad_input_demo(good, work, smaller)
     metrics["corrupt_file_error"] = metrics["bad_input"]["corrupted"]
-    metrics["atomic"] = atomic_crash_demo(work)
+    metrics["atomic"] = pitfalls.atomic_crash_demo(work)
     curves = {"uninterrupted": reference["losses"]}
 
     if provenance["launcher"] == "torchrun":
@@ -874,11 +489,11 @@ def run_chapter(args, work: Path) -> dict:
         raise RuntimeError("the crash run was supposed to fail")
     except ddplab.RankFailed as err:
         crash_error = str(err)
-    crash_log = read_log(work / "crash" / "log.jsonl")
-    snapshot_latest(work / "crash" / "torch", work / "snapshot" / "torch")
+    crash_log = torchrun_restart.read_log(work / "crash" / "log.jsonl")
+    pitfalls.snapshot_latest(work / "crash" / "torch", work / "snapshot" / "torch")
     resumed = launch(args, "resume", work=str(work)).result
     resumed_dcp = launch(args, "resume_dcp", work=str(work)).result
-    restart = run_torchrun_restart(args, cfg, work)
+    restart = torchrun_restart.run_torchrun_restart(args, SCRIPT, cfg.crash_at, work)
     # 3 ranks, where the order of a sum matters (gloo on CPU unless there are 3 GPUs)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     metrics["buckets"] = launch(args, "buckets", work=str(work), world_size=3,
@@ -891,55 +506,18 @@ def run_chapter(args, work: Path) -> dict:
     metrics["dcp"].update({"max_abs_diff": max_abs_diff(resumed_dcp["params"], ref_params),
                            "resumed_from_step": resumed_dcp["resumed_from"],
                            "load_ms": resumed_dcp["load_ms"]})
-    metrics["restart"] = restart_metrics(restart, ref_params)
-    metrics["pitfalls"].update(forgetful_resumes(resumed, reference, ref_params))
+    metrics["restart"] = torchrun_restart.restart_metrics(restart, ref_params)
+    metrics["pitfalls"].update(pitfalls.forgetful_resumes(resumed, reference, ref_params))
 
-    crashed = loss_series(crash_log, "crash")
+    crashed = torchrun_restart.loss_series(crash_log, "crash")
     curves["crash (mp.spawn), then rerun"] = {**crashed, **resumed["losses"]}
     curves["resumed from DCP"] = {**crashed, **resumed_dcp["losses"]}
-    curves["torchrun restart"] = loss_series(restart["log"], "train")  # attempt 1 overwrites
+    # attempt 1's steps overwrite attempt 0's
+    curves["torchrun restart"] = torchrun_restart.loss_series(restart["log"], "train")
     curves["forgot the sampler position"] = {**crashed, **resumed["forgot"]["sampler"]["losses"]}
     curves["forgot the RNG states"] = {**crashed, **resumed["forgot"]["rng"]["losses"]}
     return {"metrics": metrics, "curves": curves, "provenance": provenance, "restart": restart,
             "checkpoint_at": resumed["resumed_from"], "crash_at": cfg.crash_at}
-
-
-def restart_metrics(restart: dict, ref_params: torch.Tensor) -> dict:
-    log, final = restart["log"], restart["final"]
-    crash = next(e for e in log if e["event"] == "crash")
-    boot = next(e for e in log if e["event"] == "boot" and e["attempt"] == final["attempt"])
-    resumed_step = final["resumed_from"]
-    return {"max_abs_diff": max_abs_diff(final["params"], ref_params),
-            "restarts": final["attempt"],  # TORCHELASTIC_RESTART_COUNT of the attempt that finished
-            "attempts": sorted({e["attempt"] for e in log}),
-            "crashed_at_step": crash["step"], "resumed_from_step": resumed_step,
-            "lost_steps": crash["step"] - resumed_step,
-            "restart_s": boot["t"] - crash["t"], "wall_s": restart["wall_s"],
-            "replica_diff": final["replica_diff"], "torchrun_said": restart["torchrun_lines"]}
-
-
-def forgetful_resumes(resumed: dict, reference: dict, ref_params: torch.Tensor) -> dict:
-    out = {}
-    sampler, rng = resumed["forgot"]["sampler"], resumed["forgot"]["rng"]
-    start = sampler["resumed_from"]
-    visits = {}  # how often each sample was trained on, minus the uninterrupted run's count
-    for step, indices in reference["seen"].items():
-        for i in indices:
-            visits[i] = visits.get(i, 0) - (step >= start)
-    for indices in sampler["seen"].values():
-        for i in indices:
-            visits[i] = visits.get(i, 0) + 1
-    changed = sum(sampler["seen"][s] != reference["seen"][s] for s in sampler["seen"])
-    out["forgot_sampler"] = {"max_abs_diff": max_abs_diff(sampler["params"], ref_params),
-                             "batches_after_resume": len(sampler["seen"]),
-                             "batches_different": changed,
-                             "samples_seen_more_often": sum(v > 0 for v in visits.values()),
-                             "samples_seen_less_often": sum(v < 0 for v in visits.values())}
-    out["forgot_rng"] = {"max_abs_diff": max_abs_diff(rng["params"], ref_params)}
-    loader = resumed["forgot"]["loader_rng"]
-    out["loader_without_generator"] = {
-        "max_abs_diff": max_abs_diff(loader["params"], loader["reference_params"])}
-    return out
 
 
 def parse_args(argv: list[str] | None = None):
@@ -986,6 +564,9 @@ def work_directory(args) -> tuple[Path, bool]:
 
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
+    if args.replot:  # redraw the figures from the last run's files; no rank is started
+        replot(args.out, CHAPTER, drawing.draw)
+        return None
     if args.train:
         return train_only(args)
     work, temporary = work_directory(args)
@@ -998,15 +579,12 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
     metrics = parts["metrics"]
     with ddplab.chapter_output(args.out, CHAPTER) as out:
-        names = ["cost.png"]
-        draw_cost(metrics, out / "cost.png")
-        if "restart" in parts:
-            draw_resume(parts["curves"], parts["crash_at"], parts["checkpoint_at"],
-                        out / "resume.png")
-            draw_restart(parts["restart"], metrics["restart"]["resumed_from_step"],
-                         out / "restart.png")
-            names += ["resume.png", "restart.png"]
         ddplab.write_results(out, CHAPTER, metrics, parts["provenance"])
+        if "restart" in parts:  # what resume.png and restart.png draw beyond results.json
+            write_figure_data(out, "resume.json", parts["curves"])
+            write_figure_data(out, "restart.json", {k: parts["restart"][k]
+                                                    for k in ("log", "started")})
+        names = draw_figures(out, drawing.draw)
     print(summarize(metrics))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(names)}, results.json}}")
     return metrics

@@ -14,6 +14,7 @@ Run it:
     python scripts/chapter08_bug_lab.py                         # the whole lab (+ diagnoses)
     python scripts/chapter08_bug_lab.py --quick                 # the whole lab, no diagnoses
     torchrun --standalone --nproc-per-node 2 scripts/chapter08_bug_lab.py --quick  # crash skipped
+    python scripts/chapter08_bug_lab.py --replot                # no figures: says so, exit 0
 
 Writes figures/chapter08/results.json and one fix_<scenario>.diff per scenario (the fix, as a
 diff of the two functions) — only for the whole lab, never for a single --bug.
@@ -274,6 +275,10 @@ def parse_args(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
+    if args.replot:  # the same flag as every chapter's; this one has no figure to redraw
+        print("chapter 08 draws no figures: nothing to redraw (it writes results.json and "
+              "fix_*.diff)")
+        return None
     if args.list:
         for sc in SCENARIOS:
             print(f"{sc.name:<22}{sc.kind:<8}{sc.summary}")

@@ -69,10 +69,13 @@ def restart(args) -> None:
 
     import chapter07_checkpointing as chapter
 
+    from ddplab import torchrun_restart
+
     args.ckpt_dir = None
     work, _ = chapter.work_directory(args)
     try:
-        chapter.run_torchrun_restart(args, chapter.config(args), work)
+        torchrun_restart.run_torchrun_restart(args, chapter.SCRIPT, chapter.config(args).crash_at,
+                                              work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

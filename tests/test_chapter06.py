@@ -171,14 +171,14 @@ def test_bad_flags_are_one_clear_line(tmp_path):
 
 @pytest.mark.slow
 def test_figures_redraw_from_results_json_alone(quick, tmp_path):
-    """scripts/figures/chapter06.py draws every figure from results.json, launching no rank."""
+    """--replot draws every figure from results.json (scripts/figures/chapter06.py), no rank."""
     _, out, _ = quick
     folder = tmp_path / "chapter06"
     folder.mkdir()
     (folder / "results.json").write_bytes((out / "chapter06" / "results.json").read_bytes())
-    run = run_script("scripts/figures/chapter06.py", "--out", str(tmp_path))
+    run = run_script(SCRIPT, "--replot", "--out", str(tmp_path))
     assert run.returncode == 0, run.stderr
     for name in FIGURES:
         assert_png(folder / name)
-    missing = run_script("scripts/figures/chapter06.py", "--out", str(tmp_path / "nowhere"))
+    missing = run_script(SCRIPT, "--replot", "--out", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr

@@ -41,8 +41,19 @@ def committed_run(tmp_path: Path, chapter: int) -> tuple[Path, list[str]]:
     return folder, sorted(p.name for p in source.glob("*.png"))
 
 
-def test_chapters_01_to_04_have_a_drawing_module():
-    assert {1, 2, 3, 4} <= CHAPTERS.keys()
+def test_every_chapter_with_figures_has_a_drawing_module():
+    drawn = {int(p.name[len("chapter"):]) for p in FIGURES.glob("chapter[0-9][0-9]")
+             if any(p.glob("*.png"))}
+    scripts = {int(p.name[len("chapter"):][:2]) for p in REPO.glob("scripts/chapter[0-9]*_*.py")}
+    assert drawn == CHAPTERS.keys() and drawn <= scripts and 8 not in drawn
+
+
+def test_a_chapter_without_figures_says_so_and_exits_0(tmp_path):
+    run = run_script("scripts/chapter08_bug_lab.py", "--replot", "--out", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines() == [
+        "chapter 08 draws no figures: nothing to redraw (it writes results.json and fix_*.diff)"]
+    assert not any(tmp_path.iterdir())  # nothing written, no rank started
 
 
 @pytest.mark.parametrize("chapter", sorted(CHAPTERS))

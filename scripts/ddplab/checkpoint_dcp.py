@@ -132,3 +132,13 @@ def list_distributed(directory: Path) -> list[Path]:
 
 def _device_of(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
+
+
+def dcp_mb_per_rank(directory: Path, world: int) -> list[float]:
+    """DCP files are named __<rank>_<n>.distcp; rank 0 also writes .metadata."""
+    sizes = [0] * world
+    for f in directory.iterdir():
+        if f.name == ".metadata" or f.suffix == ".distcp":
+            rank = 0 if f.name == ".metadata" else int(f.name.split("_")[2])
+            sizes[rank] += f.stat().st_size / 1e6
+    return sizes

@@ -13,7 +13,8 @@ module makes that measurable:
   after its own gradients were ready;
 * ``fit_line``: the slope of idle time (or step time) against the injected delay;
 * ``count_collectives``: which collectives one step really issues (torch.profiler's view);
-* ``no_forward_buffer_sync``: DDP's arguments that skip the per-step buffer broadcast.
+* ``no_forward_buffer_sync``: DDP's arguments that skip the per-step buffer broadcast;
+* ``rank0_work_numbers``, ``buckets_in_flight``: two numbers read off a recorded timeline.
 """
 
 # No ``from __future__ import annotations`` here: DDP checks a comm hook's annotations, and
@@ -205,3 +206,25 @@ def _quiet_native_stderr() -> Iterator[None]:
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+def rank0_work_numbers(events, after_step: int = 1) -> dict:
+    """rank 0's evaluate+save time, and how long the others then waited in the next step."""
+    work = next(e for e in events if e.cat == "eval")
+    idle = idle_events(events)
+    others = [e for e in idle if e.rank != 0]
+    nxt = [sorted((e for e in others if e.rank == r), key=lambda e: e.start_ms)[after_step + 1]
+           for r in sorted({e.rank for e in others})]
+    return {"eval_ms": work.duration_ms,
+            "idle_ms_other_ranks": statistics.fmean(e.duration_ms for e in nxt)}
+
+
+def buckets_in_flight(events: list[Event]) -> int:
+    """Median over ranks and backward passes: buckets in flight at the last bucket's launch."""
+    counts = []
+    for rank in sorted({e.rank for e in events}):
+        for backward in (e for e in events if e.rank == rank and e.cat == "backward"):
+            inside = [e for e in events if e.rank == rank
+                      and backward.start_ms <= e.start_ms <= backward.end_ms]
+            counts.append(in_flight_at_last_launch(inside, rank))
+    return statistics.median_low(counts)   # a count that happened, not a half

@@ -1,20 +1,21 @@
-"""Chapter 06's figures, a pure function of its results.json.
+"""Chapter 06's figures, a pure function of the run's results.json.
 
-    python scripts/figures/chapter06.py                 # redraw figures/chapter06/*.png
-    python scripts/figures/chapter06.py --out /tmp/c6   # redraw /tmp/c6/chapter06/*.png
+    timeline_native.png     native DDP, 3 steps, every rank's spans (timelines.native)
+    timeline_bucketed.png   BucketedDDP, 3 steps (timelines.bucketed)
+    straggler_timeline.png  one rank late every step (timelines.bubble)
+    syncbn_timeline.png     SyncBatchNorm with a late rank (timelines.syncbn)
+    rank0_work.png          rank 0 evaluates and saves, the others wait (timelines.rank0_work)
+    uneven_join.png         uneven inputs finished with Join (timelines.uneven_join)
+    straggler.png           step and idle time against the delay (straggler)
+    sync_points.png         BatchNorm against SyncBatchNorm (syncbn)
 
-The timelines are stored in results.json (``timelines``: one list of spans per figure), so a
-figure can be restyled in a second without running a rank.
+The timelines are stored in results.json (``timelines``: one list of spans per figure).
+``python scripts/chapter06_bubbles.py --replot`` redraws them without starting a rank.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, for ddplab
 
 from ddplab import stragglers, timeline
 
@@ -125,22 +126,3 @@ def draw_sync_points(bn: dict, path: Path) -> None:
     ax.grid(axis="y", visible=False)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=2, fontsize=8)
     plotting.save(fig, path)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("figures"),
-                        help="the folder holding chapter06/results.json (default: figures)")
-    folder = parser.parse_args(argv).out / "chapter06"
-    path = folder / "results.json"
-    if not path.exists():
-        print(f"error: {path} does not exist: run scripts/chapter06_bubbles.py first",
-              file=sys.stderr)
-        return 2
-    names = draw(json.loads(path.read_text()), folder)
-    print(f"redrew {len(names)} figures in {folder}/")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

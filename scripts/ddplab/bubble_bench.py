@@ -1,0 +1,111 @@
+"""Chapter 06's workbench: the models, each rank's batch, a recorded window of steps.
+
+The chapter measures where ranks wait; these are the pieces every one of its measurements
+shares:
+
+* ``mlp`` (no buffers: the gradient all-reduce is a step's only collective) and ``cnn`` (three
+  BatchNorm layers), ``rank_batch`` (each rank its own data), ``native_ddp`` and ``wrapped``
+  (native DDP timed by a comm hook, or BucketedDDP, which times itself), ``sgd``;
+* ``record_timeline``: a window of consecutive steps of the chapter's ``train_step`` (each
+  phase a span), every rank's events gathered on rank 0;
+* ``write_traces``: the Chrome/Perfetto traces of a run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from . import stragglers, timeline
+from .bucketed_ddp import BucketedDDP
+from .ranks import RankContext
+
+BUCKET_MB = 0.25          # small buckets: several all-reduces per step, visible on a timeline
+
+
+def mlp(width: int = 256, depth: int = 4) -> nn.Sequential:
+    """No buffers, no BatchNorm: the gradient all-reduce is the only collective in a step."""
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+def cnn() -> nn.Sequential:
+    """A small convolutional net with three BatchNorm layers."""
+    def block(c_in: int, c_out: int, stride: int) -> list[nn.Module]:
+        return [nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out),
+                nn.ReLU()]
+    return nn.Sequential(*block(3, 16, 1), *block(16, 32, 2), *block(32, 32, 2),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+
+def rank_batch(ctx: RankContext, shape: tuple[int, ...], salt: int = 0):
+    """This rank's own batch (each rank sees different data, as in real training)."""
+    g = torch.Generator().manual_seed(1000 * (salt + 1) + ctx.rank)
+    x = torch.randn(shape, generator=g)
+    y = torch.randint(0, 10, (shape[0],), generator=g)
+    return x.to(ctx.device), y.to(ctx.device)
+
+
+def native_ddp(model: nn.Module, ctx: RankContext, **kwargs) -> DDP:
+    model = model.to(ctx.device)
+    ids = {"device_ids": [ctx.local_rank]} if ctx.device.type == "cuda" else {}
+    return DDP(model, bucket_cap_mb=BUCKET_MB, **ids, **kwargs)
+
+
+def wrapped(kind: str, ctx: RankContext, tl: timeline.Timeline):
+    """An MLP wrapped by native DDP (timed by a comm hook) or by BucketedDDP (times itself)."""
+    torch.manual_seed(ctx.seed)
+    model = mlp().to(ctx.device)
+    if kind == "bucketed":
+        return BucketedDDP(model, bucket_cap_mb=BUCKET_MB, timeline=tl)
+    ddp = native_ddp(model, ctx)
+    ddp.register_comm_hook(None, stragglers.timed_allreduce_hook(tl))
+    return ddp
+
+
+def sgd(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def record_timeline(ctx, model: nn.Module, tl: timeline.Timeline, x, y, train_step, *, steps: int,
+                    late_ms: float = 0.0, windows: int = 3) -> list[timeline.Event] | None:
+    """A few consecutive steps on one shared clock, all ranks' events on rank 0.
+
+    Other processes share a small machine's cores, and one of them can stall a step; so we
+    record ``windows`` runs of ``steps`` steps and keep the one of median length.
+    """
+    opt = sgd(model)
+    for _ in range(3):  # warm-up: first steps allocate, and native DDP rebuilds its buckets
+        train_step(model, opt, x, y, tl, late_ms)
+    recorded = []
+    for _ in range(windows):
+        dist.barrier()
+        tl.start_clock()
+        for _ in range(steps):
+            train_step(model, opt, x, y, tl, late_ms)
+        recorded.append(timeline.gather_events(tl))
+    if not ctx.is_main:
+        return None
+    return sorted(recorded, key=lambda events: max(e.end_ms for e in events))[windows // 2]
+
+
+def write_traces(out: Path, result: dict) -> list[str]:
+    def with_idle(events):
+        return events + stragglers.idle_events(events)
+    files = {"trace_native_ddp.json": with_idle(result["timelines"]["native"]),
+             "trace_bucketed_ddp.json": result["timelines"]["bucketed"],
+             "trace_straggler.json": with_idle(result["bubble"])}
+    for name, events in files.items():
+        timeline.write_chrome_trace(out / name, events)
+    names = list(files)
+    for rank, trace in enumerate(result.get("profiler_traces", [])):
+        name = f"profiler_rank{rank}.json"
+        (out / name).write_text(trace)
+        names.append(name)
+    return names
