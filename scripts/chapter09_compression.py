@@ -11,6 +11,7 @@ Run it:
     python scripts/chapter09_compression.py              # 2 CPU ranks (+ sweep over 1, 2, 4)
     python scripts/chapter09_compression.py --quick      # under a minute on a 2-core laptop
     torchrun --standalone --nproc-per-node 2 scripts/chapter09_compression.py  # no sweep
+    python scripts/chapter09_compression.py --replot     # redraw the figures from results.json
 
 Writes figures/chapter09/{training.png, prediction.png, links.png, results.json}.
 """
@@ -22,7 +23,6 @@ import statistics
 import sys
 import time
 from argparse import Namespace
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -39,10 +39,11 @@ from ddplab.hook_cost import chapter03_model, prediction, where_it_pays
 from ddplab.launch import started_by_torchrun
 from ddplab.models import ResidualMLP, make_clusters
 from ddplab.powersgd import PowerSGDState, powersgd_hook
+from ddplab.replot import draw_figures, replot
+from figures import chapter09 as drawing
 
 CHAPTER = 9
 HOOKS = ("none", "fp16", "bf16", "powersgd")
-LABELS = {"none": "no compression", "fp16": "fp16", "bf16": "bf16", "powersgd": "PowerSGD r=2"}
 RANK, START_ITER = 2, 10          # PowerSGD: rank 2 (Gram-Schmidt in both), compress from step 10
 BATCH, LR, MOMENTUM, CAP_MB = 64, 0.02, 0.9, 4.0  # LR: see "Going deeper: a learning rate"
 # torch's powerSGD_hook starts its P and Q all-reduces from future callbacks, on the thread that
@@ -289,65 +290,6 @@ def worker(ctx: ddplab.RankContext, args) -> dict:
 
 # --- figures, summary, main --------------------------------------------------------------
 
-def draw_training(sweep: dict, path: Path) -> None:
-    from ddplab import plotting
-    worlds = sorted(sweep)
-    fig, axes = plotting.figure(1, len(worlds) + 1, height=3.0)
-    for ax, world in zip(axes[:-1], worlds, strict=True):
-        for name in HOOKS:
-            ax.plot(sweep[world][name]["loss"], label=LABELS[name], lw=1)
-        ax.set_title(f"{world} rank{'s' if world > 1 else ''}")
-        ax.set_xlabel("step")
-        ax.axvline(START_ITER, color="grey", lw=0.5, ls=":")
-    axes[0].set_ylabel("training loss")
-    axes[0].legend(fontsize=7)
-    top = sweep[max(worlds)]
-    ax = axes[-1]
-    sent = [top[h]["payload_bytes"] / 2**20 for h in HOOKS]
-    ax.bar(range(len(HOOKS)), sent, color="tab:blue")
-    ax.set_xticks(range(len(HOOKS)), [LABELS[h].replace(" ", "\n") for h in HOOKS], fontsize=7)
-    ax.set_ylabel("MiB handed to all-reduce per step")
-    ax.set_title(f"bytes, {max(worlds)} ranks")
-    plotting.save(fig, path)
-
-
-def draw_prediction(pred: dict, path: Path) -> None:
-    from ddplab import plotting
-    fig, ax = plotting.figure(1, 1, height=3.0)
-    rows = pred["per_hook"]
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r["measured_ms"] for r in rows.values()], 0.4,
-           label="measured")
-    ax.bar([x + 0.2 for x in xs], [r["predicted_ms"] for r in rows.values()], 0.4,
-           label="predicted (chapter 03 α-β-γ + compute alone)")
-    ax.set_xticks(list(xs), [LABELS[n] for n in rows])
-    ax.set_ylabel("one hook over the whole gradient (ms)")
-    ax.legend(fontsize=7)
-    plotting.save(fig, path)
-
-
-WHERE = {"h100": "H100 compute (datasheet)", "cpu": "this CPU's compute (measured)"}
-
-
-def draw_links(pays: dict, path: Path) -> None:
-    from ddplab import plotting
-    fig, axes = plotting.figure(1, 2, height=3.2)
-    for ax, model in zip(axes, ("this", "1B"), strict=True):
-        table = pays["speedup"][model]
-        links = list(table)
-        for h, color in (("fp16", "tab:orange"), ("powersgd", "tab:red")):
-            for where, ls in (("h100", "-"), ("cpu", "--")):
-                ax.plot(links, [table[k][f"{h}_{where}"] for k in links], ls, color=color,
-                        marker="o", ms=3, label=f"{LABELS[h]}, {WHERE[where]}")
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_yscale("log")
-        ax.set_title("this model" if model == "this" else "1 B parameters")
-        ax.tick_params(axis="x", labelrotation=45, labelsize=7)
-    axes[0].set_ylabel(f"speed-up of the reduction, {pays['world_size']} ranks")
-    axes[1].legend(fontsize=6)
-    plotting.save(fig, path)
-
-
 def summarize(result: dict) -> str:
     lines = []
     eq = result.get("equivalence")
@@ -401,6 +343,9 @@ def parse_args(argv: list[str] | None = None) -> Namespace:
 
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
+    if args.replot:  # redraw the figures from the last run's files; no rank is started
+        replot(args.out, CHAPTER, drawing.draw)
+        return None
     run = ddplab.launch(worker, args)
     if run is None:
         return None
@@ -417,21 +362,14 @@ def main(argv: list[str] | None = None) -> dict | None:
     result["training"] = {"steps": args.steps, "batch_per_rank": BATCH, "lr": LR,
                           "momentum": MOMENTUM, "powersgd_rank": RANK,
                           "powersgd_start_iter": START_ITER}
-    names = ["training.png"]
     if "hooks" in result:
         model = chapter03_model(args.out)
         result["prediction"] = prediction(result["hooks"], result["world_size"], model)
         result["where_it_pays"] = where_it_pays(result["hooks"], result["parameters"],
                                                 world=8, loopback=model, rank=RANK)
     with ddplab.chapter_output(args.out, CHAPTER) as out:
-        draw_training(sweep, out / "training.png")
-        if "per_hook" in result.get("prediction", {}):
-            draw_prediction(result["prediction"], out / "prediction.png")
-            names.append("prediction.png")
-        if "where_it_pays" in result:
-            draw_links(result["where_it_pays"], out / "links.png")
-            names.append("links.png")
         ddplab.write_results(out, CHAPTER, result, run.provenance)
+        names = draw_figures(out, drawing.draw)
     print(summarize(result))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(names)}, results.json}}")
     return result
