@@ -105,13 +105,19 @@ class TwoNodes:
         self.rate_mbit = mbit
     # --8<-- [end:shape]
 
-    def pids(self) -> list[int]:
-        """Processes running inside either namespace (only ones this run started)."""
+    def pids(self, node: Node | None = None) -> list[int]:
+        """Processes running inside one namespace, or both (only ones this run started)."""
         found = []
-        for node in self.nodes:
-            out = _run("ip", "netns", "pids", node.namespace, check=False).stdout
+        for each in [node] if node else self.nodes:
+            out = _run("ip", "netns", "pids", each.namespace, check=False).stdout
             found += [int(p) for p in out.split()]
         return found
+
+    def kill(self, node: Node | None = None, sig: int = signal.SIGKILL) -> None:
+        """Signal everything inside one node (a machine losing power), or both."""
+        for pid in self.pids(node):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     def exists(self) -> dict[str, bool]:
         """What of this pair is still on the machine (the tests check it is nothing)."""
@@ -127,12 +133,9 @@ class TwoNodes:
             return
         self._closed = True
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            pids = self.pids()
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
+            self.kill(sig=sig)
             deadline = time.monotonic() + 3.0
-            while pids and self.pids() and time.monotonic() < deadline:
+            while self.pids() and time.monotonic() < deadline:
                 time.sleep(0.1)
         for node in self.nodes:
             _run("ip", "netns", "del", node.namespace, check=False)
