@@ -89,9 +89,9 @@ def ddp_step_times(ctx: ddplab.RankContext, batch: int, steps: int) -> dict:
                 torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
 
-    ms = {name: timing.slowest_rank(timing.median(
-        timing.time_steps(lambda s=sync: step(s), steps=steps, warmup=1)))
-        for name, sync in (("ddp", True), ("compute", False))}
+    samples = timing.compare({"ddp": lambda: step(True), "compute": lambda: step(False)},
+                             rounds=steps, warmup=1)  # interleaved: both see the same load
+    ms = {name: timing.slowest_rank(timing.median(s)) for name, s in samples.items()}
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return {"step_ms": ms["ddp"], "compute_ms": ms["compute"],
             "exposed_ms": max(0.0, ms["ddp"] - ms["compute"]), "grad_bytes": grad_bytes}
@@ -326,28 +326,30 @@ def project(cal: dict, book_grad_bytes: int, links=("ib-ndr", "eth-100g"),
 def draw(metrics: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
     rows = metrics["validation"]["runs"]
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    names = list(rows)
-    xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], [rows[n]["compute_ms"] for n in names], 0.4,
-           label="compute (no_sync)", color="#999")
-    ax.bar([x - 0.2 for x in xs], [rows[n]["exposed_ms"] for n in names], 0.4,
-           bottom=[rows[n]["compute_ms"] for n in names], label="exposed communication",
-           color="#d62728")
-    ax.bar([x + 0.2 for x in xs], [rows[n]["predicted_ms"] for n in names], 0.4,
-           label="model's prediction", color="#1f77b4")
-    ax.set_xticks(list(xs), names)
-    ax.set_yscale("log")
-    ax.set_ylabel("DDP step time (ms, log)")
-    ax.set_title("One DDP step: measured (left bar) vs the cost model (right bar)")
-    ax.legend(fontsize=8)
+    slow = [n for n in rows if n.endswith("100mbit")]
+    panels = [[n for n in rows if n not in slow], slow] if slow else [list(rows)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.5, 3.6), squeeze=False,
+                             gridspec_kw={"width_ratios": [len(p) for p in panels]})
+    for ax, names in zip(axes[0], panels, strict=True):
+        xs = range(len(names))
+        compute = [rows[n]["compute_ms"] for n in names]
+        ax.bar([x - 0.2 for x in xs], compute, 0.4, label="compute (no_sync)", color="#999")
+        ax.bar([x - 0.2 for x in xs], [rows[n]["exposed_ms"] for n in names], 0.4,
+               bottom=compute, label="exposed communication", color="#d62728")
+        ax.bar([x + 0.2 for x in xs], [rows[n]["predicted_ms"] for n in names], 0.4,
+               label="cost model", color="#1f77b4")
+        ax.set_xticks(list(xs), [n.replace("_", "\n") for n in names])
+    axes[0][0].set_ylabel("DDP step time (ms)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("One DDP step: measured (left bar of a pair) vs the cost model (right bar)")
     fig.tight_layout()
     fig.savefig(out / "links.png", dpi=120)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for name, curve in metrics["projection"].items():
-        ax.plot(curve["gpus"], curve["efficiency"], marker="o", ms=3,
-                ls="-" if "ib-ndr" in name else "--", label=name)
+        big = name.startswith("7B")  # 1B and 7B coincide: compute and gradient both grow with P
+        ax.plot(curve["gpus"], curve["efficiency"], marker="x" if big else "o", ms=6 if big else 3,
+                ls="-" if "ib-ndr" in name else "--", label=name.replace("_", ", "))
     ax.set_xscale("log", base=2)
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("GPUs (8 per node, NVLink inside)")

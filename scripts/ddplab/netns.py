@@ -121,11 +121,15 @@ class TwoNodes:
 
     def exists(self) -> dict[str, bool]:
         """What of this pair is still on the machine (the tests check it is nothing)."""
-        names = _run("ip", "netns", "list", check=False).stdout
-        links = _run("ip", "-o", "link", "show", check=False).stdout
-        return {node.namespace: node.namespace in names.split() for node in self.nodes} | {
-            node.interface: f" {node.interface}@" in links or f" {node.interface}:" in links
-            for node in self.nodes}
+        names = _run("ip", "netns", "list", check=False).stdout.split()
+        found = {node.namespace: node.namespace in names for node in self.nodes}
+        for node in self.nodes:  # an interface lives in its namespace, or (half-built) the host
+            links = _run("ip", "-o", "link", "show", check=False).stdout
+            if node.namespace in names:
+                links += _run("ip", "-n", node.namespace, "-o", "link", "show",
+                              check=False).stdout
+            found[node.interface] = f" {node.interface}@" in links or f" {node.interface}:" in links
+        return found
 
     def close(self) -> None:
         """Kill what runs inside, delete both namespaces (the cable goes with them)."""
