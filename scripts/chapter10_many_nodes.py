@@ -105,7 +105,8 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
     node_groups = [dist.new_group(list(range(n * per_node, (n + 1) * per_node)))
                    for n in range(args.nodes)]  # every rank creates every group
     mine = node_groups[ctx.rank // per_node]
-    result = {"world_size": ctx.world_size, "nodes": args.nodes, "phases": {}}
+    result = {"world_size": ctx.world_size, "nodes": args.nodes, "phases": {},
+              "provenance": ddplab.results.provenance(ctx)}
     intra = time_allreduce(sizes[-1], rounds, group=mine)
     result["intra_node_busbw_gbps"] = busbw_gbps(sizes[-1], intra, per_node)
     for phase in args.phases.split(","):
@@ -123,8 +124,8 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
 # --- two emulated nodes ------------------------------------------------------------------------
 
 # --8<-- [start:torchrun]
-def torchrun_on(node: netns.Node, host: netns.Node, tag: str, worker_args: list[str],
-                timeout: float) -> list[str]:
+def torchrun_on(node: netns.Node, host: netns.Node, tag: str, program: list[str],
+                timeout: float, max_restarts: int = 0) -> list[str]:
     """The command a real cluster runs on every node, here run inside one namespace."""
     return node.command([
         sys.executable, "-m", "torch.distributed.run",
@@ -134,8 +135,9 @@ def torchrun_on(node: netns.Node, host: netns.Node, tag: str, worker_args: list[
         # is_host: which node hosts the rendezvous store (torchrun's guess from the hostname
         # fails here: both namespaces share one hostname).
         "--rdzv-conf", f"is_host={int(node is host)},join_timeout={int(timeout)},"
-                       f"read_timeout={int(timeout)}", "--max-restarts", "0",
-        str(Path(__file__).resolve()), *worker_args])
+                       f"last_call_timeout=1,read_timeout={int(timeout)}",
+        "--max-restarts", str(max_restarts),
+        *program])  # the script and its flags
 # --8<-- [end:torchrun]
 
 
@@ -180,7 +182,8 @@ def run_two_nodes(args, phases: list[str], scratch: Path) -> dict:
                    "PYTHONUNBUFFERED": "1",
                    "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
             procs.append(subprocess.Popen(
-                torchrun_on(node, a, pair.tag, worker_args, args.timeout),
+                torchrun_on(node, a, pair.tag, [str(Path(__file__).resolve()), *worker_args],
+                            args.timeout),
                 stdout=log, stderr=subprocess.STDOUT, env=env))
         pending, training_since = list(phases), None
         while [p.poll() for p in procs].count(None):
@@ -199,6 +202,71 @@ def run_two_nodes(args, phases: list[str], scratch: Path) -> dict:
         if not result_file.exists():
             raise node_failure(scratch, procs)
         return json.loads(result_file.read_text())
+
+
+# --- a node dies, the job resumes -------------------------------------------------------------
+
+CHAPTER07 = Path(__file__).resolve().with_name("chapter07_checkpointing.py")
+FAILOVER_MBIT = 20.0  # slow enough that the kill lands between two checkpoints
+
+
+def train_command(ckpt: Path, args) -> list[str]:
+    """Chapter 07's checkpointed training (--quick), resuming from ``ckpt`` if it has one."""
+    return [str(CHAPTER07), "--train", "--quick", "--ckpt-dir", str(ckpt), "--seed",
+            str(args.seed), "--timeout", str(args.timeout), "--out", str(ckpt / "out")]
+
+
+def wait_until(condition, deadline: float, what: str) -> None:
+    while not condition():
+        if time.monotonic() > deadline:
+            raise NodeFailed(f"failover: {what} did not happen in time")
+        time.sleep(0.05)
+
+
+# --8<-- [start:failover]
+def failover(args, scratch: Path) -> dict:
+    """Kill node b after the first checkpoint; torchrun on node a restarts its ranks and waits
+    in the rendezvous; the script relaunches node b (a scheduler's job); training resumes."""
+    deadline = time.monotonic() + args.node_budget
+    reference = scratch / "reference"  # the same training, never interrupted, 4 ranks
+    subprocess.run([sys.executable, *train_command(reference, args), "--world-size", "4"],
+                   check=True, capture_output=True, timeout=args.node_budget)
+    ckpt = scratch / "failover"
+    with netns.TwoNodes.create() as pair, contextlib.ExitStack() as files:
+        pair.set_rate(FAILOVER_MBIT)
+
+        def start(node: netns.Node, log: str) -> subprocess.Popen:
+            cmd = torchrun_on(node, pair.nodes[0], pair.tag, train_command(ckpt, args),
+                              args.timeout, max_restarts=1)
+            env = {"GLOO_SOCKET_IFNAME": node.interface, "PYTHONUNBUFFERED": "1",
+                   "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # see chapter 07
+                   "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+            out = files.enter_context(open(scratch / log, "w"))
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+        node_a, _ = start(pair.nodes[0], "fail-a.log"), start(pair.nodes[1], "fail-b.log")
+        wait_until(lambda: any(ckpt.rglob("step_*")), deadline,
+                   "a first checkpoint")
+        pair.kill(pair.nodes[1])  # node b loses power
+        killed_at = time.monotonic()
+        wait_until(lambda: not pair.pids(pair.nodes[1]), deadline, "node b's death")
+        start(pair.nodes[1], "fail-b2.log")  # the scheduler brings a node back
+        wait_until(lambda: node_a.poll() is not None, deadline, "the resumed run's end")
+        if node_a.returncode != 0:
+            raise node_failure_from(scratch / "fail-a.log", "failover")
+    final = torch.load(ckpt / "final.pt", weights_only=True)
+    ref = torch.load(reference / "final.pt", weights_only=True)
+    return {"resumed_from_step": final["resumed_from"], "attempt": final["attempt"],
+            "max_abs_diff": (final["params"] - ref["params"]).abs().max().item(),
+            "recovery_s": time.monotonic() - killed_at, "link_mbit": FAILOVER_MBIT}
+# --8<-- [end:failover]
+
+
+def node_failure_from(log_path: Path, what: str) -> NodeFailed:
+    log = log_path.read_text(errors="replace")
+    lines = [ln.strip() for ln in log.splitlines() if "rror" in ln]
+    return NodeFailed(f"{what}: node a failed: {lines[-1][:300] if lines else 'see its log'}",
+                      log[-3000:])
 
 
 def one_node(args, phase: str) -> dict:
@@ -387,6 +455,8 @@ def parse_args(argv: list[str] | None = None):
                         help="all-reduce across nodes, for --gpus (default: ring)")
     parser.add_argument("--node-budget", type=ddplab.positive(float), default=300.0,
                         help="seconds the two-node run may take in all (default: 300)")
+    parser.add_argument("--failover", action=argparse.BooleanOptionalAction, default=None,
+                        help="kill a node mid-training and resume (default: on, off with --quick)")
     hidden = {"help": argparse.SUPPRESS}
     # tests: node b dies this many seconds after the first phase started
     parser.add_argument("--kill-node-after", type=float, default=None, **hidden)
@@ -411,6 +481,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     else:
         with tempfile.TemporaryDirectory(prefix="ddpl-ch10-") as scratch:
             two = run_two_nodes(args, list(RATES), Path(scratch))
+            if args.failover or (args.failover is None and not args.quick):
+                two["failover"] = failover(args, Path(scratch))
     cal = calibration(args.out)
     grad_bytes = one["result"]["phases"]["loopback"]["grad_bytes"]
     metrics = {"two_nodes": two is not None, "skipped_reason": reason,
@@ -428,6 +500,11 @@ def main(argv: list[str] | None = None) -> dict | None:
               f"{row['compute_ms']:.1f}), predicted {row['predicted_ms']:8.1f} ms, "
               f"error {row['rel_error']:.0%}; from its own all-reduce timings "
               f"{row['predicted_own_allreduce_ms']:.1f} ms ({row['rel_error_own_allreduce']:.0%})")
+    if two and "failover" in two:
+        f = two["failover"]
+        print(f"failover: node b killed, relaunched; resumed from step {f['resumed_from_step']}"
+              f" (torchrun restart {f['attempt']}); max |Δparam| vs uninterrupted = "
+              f"{f['max_abs_diff']:g}")
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/")
     return metrics
 
