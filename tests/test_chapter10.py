@@ -256,3 +256,17 @@ def test_pytorchjob_manifest_has_the_shape_the_operator_expects():
         gpus = container["resources"]["limits"]["nvidia.com/gpu"]
         assert str(gpus) == job["spec"]["nprocPerNode"]  # one rank per GPU
         assert "$PET_NODE_RANK" in container["args"][0]
+
+
+@NEEDS_ROOT
+@pytest.mark.slow
+def test_lost_node_is_relaunched_and_training_resumes_bit_for_bit(tmp_path):
+    run = run_script(SCRIPT, "--quick", "--failover", "--timeout", "60", "--out", str(tmp_path),
+                     timeout=420)
+    assert run.returncode == 0, run.stderr[-3000:]
+    failover = json.loads((tmp_path / "chapter10" / "results.json").read_text())[
+        "two_node"]["failover"]
+    assert failover["attempt"] == 1  # node a's torchrun restarted its ranks once
+    assert failover["resumed_from_step"] is not None  # from a checkpoint, not from step 0
+    assert failover["max_abs_diff"] == 0.0  # 4 ranks on gloo: the same sums in the same order
+    assert not leftovers("ddpl-"), leftovers("ddpl-")

@@ -10,6 +10,8 @@
     naive_ddp.py     NaiveDDP: after backward, one all-reduce per parameter (the tutorials' way)
     bucketed_ddp.py  BucketedDDP: buckets all-reduced during backward (native DDP's design)
     ring.py          ring_all_reduce from send/recv (and a naive all-reduce through rank 0)
+    netns.py         two emulated machines: network namespaces joined by a rate-limited veth
+    costmodel.py     a DDP step's cost: α-β all-reduce (ring, tree, hierarchical) and overlap
 """
 
 from .bucketed_ddp import BucketedDDP
