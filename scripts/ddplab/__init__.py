@@ -19,6 +19,8 @@
     comm_hooks.py    communication hooks: GradBucket's API for BucketedDDP, fp16/bf16, byte counts
     powersgd.py      PowerSGD by hand (low-rank gradients, error feedback, warm start)
     hook_cost.py     chapter 03's α-β-γ model for a hook, and where compression pays
+    netns.py         two emulated machines: network namespaces joined by a rate-limited veth
+    costmodel.py     a DDP step's cost: α-β all-reduce (ring, tree, hierarchical) and overlap
 """
 
 from .bucketed_ddp import BucketedDDP

@@ -1,0 +1,513 @@
+"""Chapter 10 — many machines: two emulated nodes over a rate-limited link, a model to 1024 GPUs.
+
+As root (with iproute2), builds two "machines" on this box: two Linux network namespaces joined
+by a virtual cable, capped with ``tc ... tbf`` at 100 Mbit/s and 1 Gbit/s, and left unshaped.
+Each namespace runs ``torchrun --nnodes 2 --nproc-per-node 2`` with c10d rendezvous to the other.
+It measures all-reduce bus bandwidth inside a node and across the link, and DDP step time with
+1 node x 2 ranks against 2 nodes x 2 ranks; then fits the cost model (ddplab.costmodel) to
+chapters 03 and 05, checks it against the two-node measurements and projects it to 1024 GPUs.
+Without root: says so in one line and runs the parts that need none (one node, loopback).
+
+Run it:
+    sudo python scripts/chapter10_many_nodes.py            # two emulated nodes + the model
+    python scripts/chapter10_many_nodes.py --quick         # short runs, under a minute
+    python scripts/chapter10_many_nodes.py --gpus 256 --link ib-ndr   # ask about your cluster
+    make run-chapter10
+
+Writes figures/chapter10/{links.png, projection.png, results.json} (or under --out DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ddplab
+from ddplab import costmodel, netns, timing
+from ddplab.launch import RankFailed
+from ddplab.models import ResidualMLP
+
+CHAPTER = 10
+MiB = 1 << 20
+RATES = {"unshaped": None, "1gbit": 1000.0, "100mbit": 100.0}  # Mbit/s per direction
+BUCKET_CAP_MB = 4.0  # chapter 05's setting: three buckets for the book's 8 MiB of gradients
+RDZV_PORT = 29510  # free by construction: the namespaces are new
+
+
+# --- what every rank measures (in one node, or in two) ---------------------------------------
+
+def wait_for_link(ctx: ddplab.RankContext, phase_dir: str | None, phase: str,
+                  timeout: float) -> None:
+    """Rank 0 tells the script it is ready for ``phase`` and waits until the link is set."""
+    if phase_dir and ctx.is_main:
+        Path(phase_dir, f"ready-{phase}").touch()
+        deadline = time.monotonic() + timeout
+        while not Path(phase_dir, f"go-{phase}").exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the link for phase {phase!r} was never set")
+            time.sleep(0.05)
+    dist.barrier()
+
+
+def busbw_gbps(size: int, seconds: float, world: int) -> float:
+    """nccl-tests' bus bandwidth: what each rank's link carried, in GB/s."""
+    return size / seconds * 2 * (world - 1) / world / 1e9
+
+
+def time_allreduce(size: int, rounds: int, group=None) -> float:
+    x = torch.ones(size // 4)
+    samples = timing.time_steps(lambda: dist.all_reduce(x, group=group), steps=rounds,
+                                warmup=1)
+    return timing.slowest_rank(timing.median(samples)) * 1e-3  # seconds
+
+
+# --8<-- [start:ddp_step]
+def ddp_step_times(ctx: ddplab.RankContext, batch: int, steps: int) -> dict:
+    """Median step (ms) of native DDP, and of the same step with no communication (no_sync)."""
+    model = DDP(ResidualMLP(), bucket_cap_mb=BUCKET_CAP_MB)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(batch, 64), torch.randint(0, 10, (batch,))
+
+    def step(sync: bool) -> None:
+        opt.zero_grad()
+        if sync:
+            torch.nn.functional.cross_entropy(model(x), y).backward()  # all-reduces buckets
+        else:
+            with model.no_sync():  # the same compute, gradients kept local
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    samples = timing.compare({"ddp": lambda: step(True), "compute": lambda: step(False)},
+                             rounds=steps, warmup=1)  # interleaved: both see the same load
+    ms = {name: timing.slowest_rank(timing.median(s)) for name, s in samples.items()}
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"step_ms": ms["ddp"], "compute_ms": ms["compute"],
+            "exposed_ms": max(0.0, ms["ddp"] - ms["compute"]), "grad_bytes": grad_bytes}
+# --8<-- [end:ddp_step]
+
+
+def worker(ctx: ddplab.RankContext, args) -> dict | None:
+    sizes = [256 * 1024, 4 * MiB] if ctx.quick else [256 * 1024, 1 * MiB, 4 * MiB, 16 * MiB]
+    rounds, steps, batch = (3, 3, 64) if ctx.quick else (6, 8, 128)
+    per_node = int(ctx.world_size / max(1, args.nodes))
+    node_groups = [dist.new_group(list(range(n * per_node, (n + 1) * per_node)))
+                   for n in range(args.nodes)]  # every rank creates every group
+    mine = node_groups[ctx.rank // per_node]
+    result = {"world_size": ctx.world_size, "nodes": args.nodes, "phases": {},
+              "provenance": ddplab.results.provenance(ctx)}
+    intra = time_allreduce(sizes[-1], rounds, group=mine)
+    result["intra_node_busbw_gbps"] = busbw_gbps(sizes[-1], intra, per_node)
+    for phase in args.phases.split(","):
+        wait_for_link(ctx, args.phase_dir, phase, args.timeout)
+        times = {s: time_allreduce(s, rounds) for s in sizes}
+        result["phases"][phase] = {
+            "allreduce_s": {str(s): t for s, t in times.items()},
+            "busbw_gbps": busbw_gbps(sizes[-1], times[sizes[-1]], ctx.world_size),
+            **ddp_step_times(ctx, batch, steps)}
+    if ctx.is_main and args.node_result:
+        Path(args.node_result).write_text(json.dumps(result))
+    return result if ctx.is_main else None
+
+
+# --- two emulated nodes ------------------------------------------------------------------------
+
+# --8<-- [start:torchrun]
+def torchrun_on(node: netns.Node, host: netns.Node, tag: str, program: list[str],
+                timeout: float, max_restarts: int = 0) -> list[str]:
+    """The command a real cluster runs on every node, here run inside one namespace."""
+    return node.command([
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "2", "--nproc-per-node", "2",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host.address}:{RDZV_PORT}",
+        "--rdzv-id", tag, "--local-addr", node.address,
+        # is_host: which node hosts the rendezvous store (torchrun's guess from the hostname
+        # fails here: both namespaces share one hostname).
+        "--rdzv-conf", f"is_host={int(node is host)},join_timeout={int(timeout)},"
+                       f"last_call_timeout=1,read_timeout={int(timeout)}",
+        "--max-restarts", str(max_restarts),
+        *program])  # the script and its flags
+# --8<-- [end:torchrun]
+
+
+class NodeFailed(RankFailed):
+    def __init__(self, summary: str, details: str = ""):
+        Exception.__init__(self, summary)
+        self.rank, self.details = -1, details
+
+
+CAUSES = ("error: ", "Connection closed by peer", "Connection reset by peer", "timeout",
+          "Error")  # the most telling line of a node's log, best first
+
+
+def node_failure(scratch: Path, procs) -> NodeFailed:
+    """One line naming the node that failed and its most telling error; the log as details."""
+    for node, proc in zip("ab", procs, strict=True):
+        log = (scratch / f"node-{node}.log").read_text(errors="replace")
+        lines = [ln.strip() for ln in log.splitlines()]
+        for cause in CAUSES:
+            found = [ln for ln in lines if cause in ln]
+            if proc.returncode not in (None, 0) and found:
+                return NodeFailed(f"node {node} stopped (exit {proc.returncode}): "
+                                  f"{found[0][:300]}", log[-3000:])
+    return NodeFailed("the two-node run ended without a result (node logs above)",
+                      (scratch / "node-a.log").read_text(errors="replace")[-3000:])
+
+
+def run_two_nodes(args, phases: list[str], scratch: Path) -> dict:
+    """Both nodes, every phase; the link rate is changed between phases, from here."""
+    deadline = time.monotonic() + args.node_budget
+    with netns.TwoNodes.create() as pair, contextlib.ExitStack() as files:
+        a = pair.nodes[0]
+        result_file = scratch / "nodes.json"
+        worker_args = ["--node-worker", "--nodes", "2", "--phases", ",".join(phases),
+                       "--phase-dir", str(scratch), "--node-result", str(result_file),
+                       "--timeout", str(args.timeout), *(["--quick"] if args.quick else [])]
+        logs = [files.enter_context(open(scratch / f"node-{n.namespace[-1]}.log", "w"))
+                for n in pair.nodes]
+        procs = []
+        for node, log in zip(pair.nodes, logs, strict=True):
+            env = {"GLOO_SOCKET_IFNAME": node.interface, "OMP_NUM_THREADS": "1",
+                   "PYTHONUNBUFFERED": "1",
+                   "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+            procs.append(subprocess.Popen(
+                torchrun_on(node, a, pair.tag, [str(Path(__file__).resolve()), *worker_args],
+                            args.timeout),
+                stdout=log, stderr=subprocess.STDOUT, env=env))
+        pending, training_since = list(phases), None
+        while [p.poll() for p in procs].count(None):
+            if (args.kill_node_after is not None and training_since is not None
+                    and time.monotonic() - training_since > args.kill_node_after):
+                pair.kill(pair.nodes[1])  # node b "loses power": every process in it dies
+                args.kill_node_after = None
+            if time.monotonic() > deadline:
+                raise NodeFailed(f"the two-node run took over {args.node_budget:g} s; stopped "
+                                 "(a busy machine? try --quick or a larger --node-budget)")
+            if pending and (scratch / f"ready-{pending[0]}").exists():
+                pair.set_rate(RATES[pending[0]])
+                (scratch / f"go-{pending.pop(0)}").touch()
+                training_since = training_since or time.monotonic()
+            time.sleep(0.05)
+        if not result_file.exists():
+            raise node_failure(scratch, procs)
+        return json.loads(result_file.read_text())
+
+
+# --- a node dies, the job resumes -------------------------------------------------------------
+
+CHAPTER07 = Path(__file__).resolve().with_name("chapter07_checkpointing.py")
+FAILOVER_MBIT = 20.0  # slow enough that the kill lands between two checkpoints
+
+
+def train_command(ckpt: Path, args) -> list[str]:
+    """Chapter 07's checkpointed training (--quick), resuming from ``ckpt`` if it has one."""
+    return [str(CHAPTER07), "--train", "--quick", "--ckpt-dir", str(ckpt), "--seed",
+            str(args.seed), "--timeout", str(args.timeout), "--out", str(ckpt / "out")]
+
+
+def wait_until(condition, deadline: float, what: str) -> None:
+    while not condition():
+        if time.monotonic() > deadline:
+            raise NodeFailed(f"failover: {what} did not happen in time")
+        time.sleep(0.05)
+
+
+# --8<-- [start:failover]
+def failover(args, scratch: Path) -> dict:
+    """Kill node b after the first checkpoint; torchrun on node a restarts its ranks and waits
+    in the rendezvous; the script relaunches node b (a scheduler's job); training resumes."""
+    deadline = time.monotonic() + args.node_budget
+    reference = scratch / "reference"  # the same training, never interrupted, 4 ranks
+    subprocess.run([sys.executable, *train_command(reference, args), "--world-size", "4"],
+                   check=True, capture_output=True, timeout=args.node_budget)
+    ckpt = scratch / "failover"
+    with netns.TwoNodes.create() as pair, contextlib.ExitStack() as files:
+        pair.set_rate(FAILOVER_MBIT)
+
+        def start(node: netns.Node, log: str) -> subprocess.Popen:
+            cmd = torchrun_on(node, pair.nodes[0], pair.tag, train_command(ckpt, args),
+                              args.timeout, max_restarts=1)
+            env = {"GLOO_SOCKET_IFNAME": node.interface, "PYTHONUNBUFFERED": "1",
+                   "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # see chapter 07
+                   "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+            out = files.enter_context(open(scratch / log, "w"))
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+        node_a, _ = start(pair.nodes[0], "fail-a.log"), start(pair.nodes[1], "fail-b.log")
+        wait_until(lambda: any(ckpt.rglob("step_*")), deadline,
+                   "a first checkpoint")
+        pair.kill(pair.nodes[1])  # node b loses power
+        killed_at = time.monotonic()
+        wait_until(lambda: not pair.pids(pair.nodes[1]), deadline, "node b's death")
+        start(pair.nodes[1], "fail-b2.log")  # the scheduler brings a node back
+        wait_until(lambda: node_a.poll() is not None, deadline, "the resumed run's end")
+        if node_a.returncode != 0:
+            raise node_failure_from(scratch / "fail-a.log", "failover")
+    final = torch.load(ckpt / "final.pt", weights_only=True)
+    ref = torch.load(reference / "final.pt", weights_only=True)
+    return {"resumed_from_step": final["resumed_from"], "attempt": final["attempt"],
+            "max_abs_diff": (final["params"] - ref["params"]).abs().max().item(),
+            "recovery_s": time.monotonic() - killed_at, "link_mbit": FAILOVER_MBIT}
+# --8<-- [end:failover]
+
+
+def node_failure_from(log_path: Path, what: str) -> NodeFailed:
+    log = log_path.read_text(errors="replace")
+    lines = [ln.strip() for ln in log.splitlines() if "rror" in ln]
+    return NodeFailed(f"{what}: node a failed: {lines[-1][:300] if lines else 'see its log'}",
+                      log[-3000:])
+
+
+def one_node(args, phase: str) -> dict:
+    """One node x 2 ranks over loopback: mp.spawn, no root needed."""
+    args.nodes, args.phases, args.phase_dir, args.node_result = 1, phase, None, None
+    args.world_size = 2
+    run = ddplab.launch(worker, args)
+    return {"result": run.result, "provenance": run.provenance}
+
+
+def raise_on_sigterm() -> None:
+    """SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C, so every finally-block runs."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)
+
+
+# --- the model: calibrated, checked against the link, projected -------------------------------
+
+REFERENCE = {"alpha_us": 219.2, "beta_gbps": 1.244, "compute_ms": 23.96,
+             "source": "the committed reference run (figures/ at commit 2960f4c)"}
+
+
+def calibration(out: Path) -> dict:
+    """α and β from chapter 03, compute from chapter 05: the reader's runs, else the committed."""
+    cal = dict(REFERENCE)
+    for where, root in (("your run", out), ("the committed run", ddplab.results.REPO_ROOT
+                                             / "figures")):
+        try:
+            ch03 = ddplab.read_results(root, 3)
+            fit = ch03.get("alpha_beta", {}).get("native") or {}
+            alpha, beta = float(fit["alpha_us"]), fit.get("beta_gbps")
+            if beta is None:  # a --quick run cannot see the bandwidth: try the next source
+                continue
+            compute = float(ddplab.read_results(root, 5)["step_time_ms"]["local"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # missing, or keys of another shape (chapter 03's keys may change)
+        return {"alpha_us": alpha, "beta_gbps": float(beta), "compute_ms": compute,
+                "source": f"chapters 03 and 05, {where} ({root})"}
+    return cal
+
+
+# --8<-- [start:predict_link]
+def predict_emulated(compute_ms: float, grad_bytes: int, world: int, rate_mbit: float | None,
+                     cal: dict) -> float:
+    """Predicted DDP step (ms) on the emulated nodes: a ring whose slowest hop is the cable
+    (each direction capped at ``rate_mbit``) or, unshaped, gloo over loopback (chapter 03's β)."""
+    link = cal["beta_gbps"] * 1e9
+    if rate_mbit is not None:
+        link = min(link, rate_mbit * 1e6 / 8)
+    def allreduce(size: float) -> float:
+        return costmodel.ring_time(size, world, cal["alpha_us"] * 1e-6, link)
+    buckets = costmodel.bucket_sizes(grad_bytes, BUCKET_CAP_MB * MiB)
+    return costmodel.step_time(compute_ms * 1e-3, buckets, allreduce)["step_s"] * 1e3
+# --8<-- [end:predict_link]
+
+
+def fitted_allreduce(allreduce_s: dict, world: int):
+    """α and β fitted to this run's own all-reduce timings (least squares, two unknowns)."""
+    sizes = np.array([float(s) for s in allreduce_s])
+    times = np.array(list(allreduce_s.values()))
+    messages, per_byte = 2 * (world - 1), 2 * (world - 1) / world
+    design = np.column_stack([np.full_like(sizes, messages), per_byte * sizes])
+    (alpha, beta), *_ = np.linalg.lstsq(design, times, rcond=None)
+    alpha, beta = max(alpha, 0.0), max(beta, 1e-15)
+    return lambda size: messages * alpha + per_byte * size * beta
+
+
+def predict_from_own_allreduce(m: dict, world: int) -> float:
+    """The step model alone: all-reduce cost as measured in the same run, compute as measured."""
+    buckets = costmodel.bucket_sizes(m["grad_bytes"], BUCKET_CAP_MB * MiB)
+    step = costmodel.step_time(m["compute_ms"] * 1e-3, buckets,
+                               fitted_allreduce(m["allreduce_s"], world))
+    return step["step_s"] * 1e3
+
+
+def validate(one: dict, two: dict | None, cal: dict) -> dict:
+    runs = {"1x2_loopback": (one["phases"]["loopback"], 2, None)}
+    for phase, measured in (two or {}).get("phases", {}).items():
+        runs[f"2x2_{phase}"] = (measured, 4, RATES[phase])
+    rows = {}
+    for name, (m, world, rate) in runs.items():
+        predicted = predict_emulated(m["compute_ms"], m["grad_bytes"], world, rate, cal)
+        own = predict_from_own_allreduce(m, world)
+        rows[name] = {"measured_ms": m["step_ms"], "compute_ms": m["compute_ms"],
+                      "exposed_ms": m["exposed_ms"], "predicted_ms": predicted,
+                      "exposed_share": m["exposed_ms"] / m["step_ms"],
+                      "predicted_own_allreduce_ms": own,
+                      "rel_error_own_allreduce": abs(own - m["step_ms"]) / m["step_ms"],
+                      "rel_error": abs(predicted - m["step_ms"]) / m["step_ms"]}
+    errors = {name: r["rel_error"] for name, r in rows.items()}
+    shaped = [e for name, e in errors.items() if name.endswith("bit")]
+    return {"runs": rows, "max_rel_error": max(errors.values()),
+            "within_15_percent": max(errors.values()) <= 0.15,
+            "max_rel_error_shaped": max(shaped) if shaped else None,
+            "max_rel_error_own_allreduce": max(r["rel_error_own_allreduce"]
+                                               for r in rows.values())}
+
+
+MODELS = {  # name: (gradient bytes, compute seconds per step on one GPU, how compute was set)
+    "book": None,  # filled from chapter 05's measured compute
+    "1B": (2 * 1e9, costmodel.transformer_compute_s(1e9, 16384), "6·P·tokens at 40 % MFU"),
+    "7B": (2 * 7e9, costmodel.transformer_compute_s(7e9, 16384), "6·P·tokens at 40 % MFU"),
+}
+GPUS = [2 ** k for k in range(1, 11)]  # 2 … 1024
+
+
+def project(cal: dict, book_grad_bytes: int, links=("ib-ndr", "eth-100g"),
+            algo: str = "ring") -> dict:
+    models = dict(MODELS, book=(book_grad_bytes, cal["compute_ms"] * 1e-3,
+                                "chapter 05's measured step, as if each GPU were that fast"))
+    out = {}
+    for link in links:
+        for name, (grad, compute, how) in models.items():
+            eff = [costmodel.cluster_step(compute, grad, n, link=link, algo=algo)["efficiency"]
+                   for n in GPUS]
+            out[f"{name}_{link}"] = {"gpus": GPUS, "efficiency": eff, "compute_s": compute,
+                                     "grad_bytes": grad, "compute_from": how,
+                                     "at": {str(n): e for n, e in zip(GPUS, eff, strict=True)}}
+    return out
+
+
+# --- figures and main ---------------------------------------------------------------------------
+
+def draw(metrics: dict, out: Path) -> None:
+    import matplotlib.pyplot as plt
+    rows = metrics["validation"]["runs"]
+    slow = [n for n in rows if n.endswith("100mbit")]
+    panels = [[n for n in rows if n not in slow], slow] if slow else [list(rows)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.5, 3.6), squeeze=False,
+                             gridspec_kw={"width_ratios": [len(p) for p in panels]})
+    for ax, names in zip(axes[0], panels, strict=True):
+        xs = range(len(names))
+        compute = [rows[n]["compute_ms"] for n in names]
+        ax.bar([x - 0.2 for x in xs], compute, 0.4, label="compute (no_sync)", color="#999")
+        ax.bar([x - 0.2 for x in xs], [rows[n]["exposed_ms"] for n in names], 0.4,
+               bottom=compute, label="exposed communication", color="#d62728")
+        ax.bar([x + 0.2 for x in xs], [rows[n]["predicted_ms"] for n in names], 0.4,
+               label="cost model", color="#1f77b4")
+        ax.set_xticks(list(xs), [n.replace("_", "\n") for n in names])
+    axes[0][0].set_ylabel("DDP step time (ms)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("One DDP step: measured (left bar of a pair) vs the cost model (right bar)")
+    fig.tight_layout()
+    fig.savefig(out / "links.png", dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for name, curve in metrics["projection"].items():
+        big = name.startswith("7B")  # 1B and 7B coincide: compute and gradient both grow with P
+        ax.plot(curve["gpus"], curve["efficiency"], marker="x" if big else "o", ms=6 if big else 3,
+                ls="-" if "ib-ndr" in name else "--", label=name.replace("_", ", "))
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("GPUs (8 per node, NVLink inside)")
+    ax.set_ylabel("predicted scaling efficiency")
+    ax.set_title("Cost model: compute / step time, 2 → 1024 GPUs")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "projection.png", dpi=120)
+    plt.close(fig)
+
+
+def ask(args, cal: dict, grad_bytes: int) -> dict:
+    """The reader's question: this many GPUs on this link."""
+    rows = {}
+    for name, (grad, compute, _) in dict(
+            MODELS, book=(grad_bytes, cal["compute_ms"] * 1e-3, "")).items():
+        r = costmodel.cluster_step(compute, grad, args.gpus, link=args.link,
+                                   per_node=args.per_node, algo=args.algo)
+        rows[name] = r
+        print(f"{name:>4} on {args.gpus} GPUs, {args.link}, {args.algo}: step "
+              f"{r['step_s'] * 1e3:.1f} ms, exposed {r['exposed_s'] * 1e3:.1f} ms, "
+              f"efficiency {r['efficiency']:.2f}")
+    return rows
+
+
+def parse_args(argv: list[str] | None = None):
+    parser = ddplab.chapter_parser(__doc__, prog="chapter10_many_nodes.py")
+    parser.add_argument("--gpus", type=ddplab.positive(int), default=None,
+                        help="also predict a step on this many GPUs")
+    parser.add_argument("--link", choices=sorted(costmodel.LINKS), default="ib-ndr",
+                        help="the link between nodes, for --gpus (default: ib-ndr)")
+    parser.add_argument("--per-node", type=ddplab.positive(int), default=8,
+                        help="GPUs per node, for --gpus (default: 8)")
+    parser.add_argument("--algo", choices=("ring", "tree"), default="ring",
+                        help="all-reduce across nodes, for --gpus (default: ring)")
+    parser.add_argument("--node-budget", type=ddplab.positive(float), default=300.0,
+                        help="seconds the two-node run may take in all (default: 300)")
+    parser.add_argument("--failover", action=argparse.BooleanOptionalAction, default=None,
+                        help="kill a node mid-training and resume (default: on, off with --quick)")
+    hidden = {"help": argparse.SUPPRESS}
+    # tests: node b dies this many seconds after the first phase started
+    parser.add_argument("--kill-node-after", type=float, default=None, **hidden)
+    parser.add_argument("--node-worker", action="store_true", **hidden)
+    parser.add_argument("--nodes", type=int, default=1, **hidden)
+    parser.add_argument("--phases", default="loopback", **hidden)
+    parser.add_argument("--phase-dir", default=None, **hidden)
+    parser.add_argument("--node-result", default=None, **hidden)
+    return ddplab.parse_chapter_args(parser, argv)
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    args = parse_args(argv)
+    if args.node_worker:  # one rank of the two-node run, started by torchrun
+        ddplab.launch(worker, args)
+        return None
+    raise_on_sigterm()
+    one = one_node(args, "loopback")
+    two, reason = None, netns.unavailable_reason()
+    if reason:
+        print(f"note: two emulated nodes skipped: {reason}; ran one node over loopback only")
+    else:
+        with tempfile.TemporaryDirectory(prefix="ddpl-ch10-") as scratch:
+            two = run_two_nodes(args, list(RATES), Path(scratch))
+            if args.failover or (args.failover is None and not args.quick):
+                two["failover"] = failover(args, Path(scratch))
+    cal = calibration(args.out)
+    grad_bytes = one["result"]["phases"]["loopback"]["grad_bytes"]
+    metrics = {"two_nodes": two is not None, "skipped_reason": reason,
+               "one_node": one["result"], "two_node": two, "calibration": cal,
+               "validation": validate(one["result"], two, cal),
+               "projection": project(cal, grad_bytes), "links": {
+                   k: vars(v) for k, v in costmodel.LINKS.items()}}
+    if args.gpus:
+        metrics["query"] = ask(args, cal, grad_bytes)
+    with ddplab.chapter_output(args.out, CHAPTER) as out:
+        draw(metrics, out)
+        ddplab.write_results(out, CHAPTER, metrics, one["provenance"])
+    for name, row in metrics["validation"]["runs"].items():
+        print(f"{name:>14}: measured {row['measured_ms']:8.1f} ms (compute "
+              f"{row['compute_ms']:.1f}), predicted {row['predicted_ms']:8.1f} ms, "
+              f"error {row['rel_error']:.0%}; from its own all-reduce timings "
+              f"{row['predicted_own_allreduce_ms']:.1f} ms ({row['rel_error_own_allreduce']:.0%})")
+    if two and "failover" in two:
+        f = two["failover"]
+        print(f"failover: node b killed, relaunched; resumed from step {f['resumed_from_step']}"
+              f" (torchrun restart {f['attempt']}); max |Δparam| vs uninterrupted = "
+              f"{f['max_abs_diff']:g}")
+    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/")
+    return metrics
+
+
+if __name__ == "__main__":
+    sys.exit(ddplab.run_main(main))
