@@ -12,6 +12,7 @@ Run it:
     sudo python scripts/chapter10_many_nodes.py            # two emulated nodes + the model
     python scripts/chapter10_many_nodes.py --quick         # short runs, under a minute
     python scripts/chapter10_many_nodes.py --gpus 256 --link ib-ndr   # ask about your cluster
+    python scripts/chapter10_many_nodes.py --replot        # redraw the figures from results.json
     make run-chapter10
 
 Writes figures/chapter10/{links.png, projection.png, results.json} (or under --out DIR).
@@ -29,7 +30,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -38,6 +38,8 @@ import ddplab
 from ddplab import costmodel, netns, timing
 from ddplab.launch import RankFailed
 from ddplab.models import ResidualMLP
+from ddplab.replot import draw_figures, replot
+from figures import chapter10 as drawing
 
 CHAPTER = 10
 MiB = 1 << 20
@@ -324,22 +326,11 @@ def predict_emulated(compute_ms: float, grad_bytes: int, world: int, rate_mbit: 
 # --8<-- [end:predict_link]
 
 
-def fitted_allreduce(allreduce_s: dict, world: int):
-    """α and β fitted to this run's own all-reduce timings (least squares, two unknowns)."""
-    sizes = np.array([float(s) for s in allreduce_s])
-    times = np.array(list(allreduce_s.values()))
-    messages, per_byte = 2 * (world - 1), 2 * (world - 1) / world
-    design = np.column_stack([np.full_like(sizes, messages), per_byte * sizes])
-    (alpha, beta), *_ = np.linalg.lstsq(design, times, rcond=None)
-    alpha, beta = max(alpha, 0.0), max(beta, 1e-15)
-    return lambda size: messages * alpha + per_byte * size * beta
-
-
 def predict_from_own_allreduce(m: dict, world: int) -> float:
     """The step model alone: all-reduce cost as measured in the same run, compute as measured."""
     buckets = costmodel.bucket_sizes(m["grad_bytes"], BUCKET_CAP_MB * MiB)
     step = costmodel.step_time(m["compute_ms"] * 1e-3, buckets,
-                               fitted_allreduce(m["allreduce_s"], world))
+                               costmodel.fitted_allreduce(m["allreduce_s"], world))
     return step["step_s"] * 1e3
 
 
@@ -389,45 +380,7 @@ def project(cal: dict, book_grad_bytes: int, links=("ib-ndr", "eth-100g"),
     return out
 
 
-# --- figures and main ---------------------------------------------------------------------------
-
-def draw(metrics: dict, out: Path) -> None:
-    import matplotlib.pyplot as plt
-    rows = metrics["validation"]["runs"]
-    slow = [n for n in rows if n.endswith("100mbit")]
-    panels = [[n for n in rows if n not in slow], slow] if slow else [list(rows)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(7.5, 3.6), squeeze=False,
-                             gridspec_kw={"width_ratios": [len(p) for p in panels]})
-    for ax, names in zip(axes[0], panels, strict=True):
-        xs = range(len(names))
-        compute = [rows[n]["compute_ms"] for n in names]
-        ax.bar([x - 0.2 for x in xs], compute, 0.4, label="compute (no_sync)", color="#999")
-        ax.bar([x - 0.2 for x in xs], [rows[n]["exposed_ms"] for n in names], 0.4,
-               bottom=compute, label="exposed communication", color="#d62728")
-        ax.bar([x + 0.2 for x in xs], [rows[n]["predicted_ms"] for n in names], 0.4,
-               label="cost model", color="#1f77b4")
-        ax.set_xticks(list(xs), [n.replace("_", "\n") for n in names])
-    axes[0][0].set_ylabel("DDP step time (ms)")
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle("One DDP step: measured (left bar of a pair) vs the cost model (right bar)")
-    fig.tight_layout()
-    fig.savefig(out / "links.png", dpi=120)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(7, 3.8))
-    for name, curve in metrics["projection"].items():
-        big = name.startswith("7B")  # 1B and 7B coincide: compute and gradient both grow with P
-        ax.plot(curve["gpus"], curve["efficiency"], marker="x" if big else "o", ms=6 if big else 3,
-                ls="-" if "ib-ndr" in name else "--", label=name.replace("_", ", "))
-    ax.set_xscale("log", base=2)
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("GPUs (8 per node, NVLink inside)")
-    ax.set_ylabel("predicted scaling efficiency")
-    ax.set_title("Cost model: compute / step time, 2 → 1024 GPUs")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out / "projection.png", dpi=120)
-    plt.close(fig)
-
+# --- the reader's question, and main ------------------------------------------------------
 
 def ask(args, cal: dict, grad_bytes: int) -> dict:
     """The reader's question: this many GPUs on this link."""
@@ -470,6 +423,9 @@ def parse_args(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
+    if args.replot:  # redraw the figures from the last run's files; no rank is started
+        replot(args.out, CHAPTER, drawing.draw)
+        return None
     if args.node_worker:  # one rank of the two-node run, started by torchrun
         ddplab.launch(worker, args)
         return None
@@ -493,8 +449,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.gpus:
         metrics["query"] = ask(args, cal, grad_bytes)
     with ddplab.chapter_output(args.out, CHAPTER) as out:
-        draw(metrics, out)
         ddplab.write_results(out, CHAPTER, metrics, one["provenance"])
+        draw_figures(out, drawing.draw)
     for name, row in metrics["validation"]["runs"].items():
         print(f"{name:>14}: measured {row['measured_ms']:8.1f} ms (compute "
               f"{row['compute_ms']:.1f}), predicted {row['predicted_ms']:8.1f} ms, "

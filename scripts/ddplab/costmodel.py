@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Link:
@@ -116,3 +118,14 @@ def transformer_compute_s(params: float, tokens_per_gpu: int, peak_tflops: float
                           mfu: float = 0.4) -> float:
     """≈ 6·P FLOPs per token (forward + backward) at ``mfu`` of an H100's dense bf16 peak."""
     return 6 * params * tokens_per_gpu / (peak_tflops * 1e12 * mfu)
+
+
+def fitted_allreduce(allreduce_s: dict, world: int):
+    """α and β fitted to this run's own all-reduce timings (least squares, two unknowns)."""
+    sizes = np.array([float(s) for s in allreduce_s])
+    times = np.array(list(allreduce_s.values()))
+    messages, per_byte = 2 * (world - 1), 2 * (world - 1) / world
+    design = np.column_stack([np.full_like(sizes, messages), per_byte * sizes])
+    (alpha, beta), *_ = np.linalg.lstsq(design, times, rcond=None)
+    alpha, beta = max(alpha, 0.0), max(beta, 1e-15)
+    return lambda size: messages * alpha + per_byte * size * beta
