@@ -49,6 +49,7 @@ doctor: ## pre-flight for a workshop day: versions, gloo, ports, cores, GPUs, di
 figures: $(STAMP) ## run every chapter in full and refresh figures/ (one at a time: timings stay fair)
 	@set -e; for c in $(CHAPTERS); do \
 	  echo "== chapter $$c"; $(PY) scripts/chapter$$c.py $(ARGS); done
+	$(PY) scripts/diagrams.py
 
 gpu-check: $(STAMP) ## every chapter --quick on this box's GPUs, each mode it supports, into figures/gpu/
 	$(PY) scripts/gpu_check.py $(ARGS)

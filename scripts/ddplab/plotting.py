@@ -65,10 +65,18 @@ def figure(nrows: int = 1, ncols: int = 1, *, height: float = 3.2, width: float 
     return plt.subplots(nrows, ncols, figsize=(width, height), **kwargs)
 
 
+MAX_WIDTH_PX = round(PAGE_WIDTH_IN * DPI)  # the site's column at 1280 px: shown at >= 80 %
+
+
 def save(fig, path: Path) -> Path:
-    """Save as PNG and free the figure's memory (a chapter draws many)."""
+    """Save as PNG and free the figure's memory (a chapter draws many).
+
+    A figure whose labels or legend reach past its width comes out wider than the page with
+    ``bbox_inches="tight"``; it is saved at a lower resolution instead, so every figure fits the
+    site's column and reads without zooming (a click still opens it at full size)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
+    width_in = fig.get_tightbbox().width + 2 * plt.rcParams["savefig.pad_inches"]
+    fig.savefig(path, format="png", dpi=min(DPI, MAX_WIDTH_PX / width_in))
     plt.close(fig)
     return path
