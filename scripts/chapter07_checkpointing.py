@@ -199,7 +199,7 @@ def resume(ctx, cfg, job: Job, model, optimizer, scheduler, example) -> dict | N
 
     Rank 0 picks the checkpoint and tells the others, so that all ranks load the same one.
     """
-    path = newest_checkpoint(job.run_dir / job.resume, job.resume)  # rank 0 picks, broadcasts
+    path = dcpck.newest_checkpoint(job.run_dir / job.resume, job.resume)  # rank 0 picks
     if path is None:
         return None
     if job.forget != "buckets":
@@ -231,15 +231,6 @@ def load_dcp(ctx, cfg, job: Job, path: Path, model, optimizer, scheduler) -> dic
     ck.check_same_run(json.loads(state["run"]), run_settings(ctx, cfg), path)
     scheduler.load_state_dict(state["scheduler"])
     return state
-
-
-def newest_checkpoint(directory: Path, kind: str) -> Path | None:
-    """Rank 0's newest complete checkpoint, the same on every rank (a broadcast)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    found = (ck.list_checkpoints if kind == "torch" else dcpck.list_distributed)(directory)
-    choice = [found[-1] if found else None]
-    dist.broadcast_object_list(choice, src=0)
-    return choice[0]
 
 
 # --8<-- [start:settle]
@@ -389,6 +380,7 @@ def launch(args, stage: str, **changes):
 
 # --- the launching process: run every part, then report ---------------------------------------
 # torchrun --max-restarts 1 and the runs' event logs: scripts/ddplab/torchrun_restart.py.
+# Flags, work directory, results.json and the summary: scripts/ddplab/checkpoint_report.py.
 
 def run_chapter(args, work: Path) -> dict:
     cfg = config(args)
