@@ -30,7 +30,6 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -38,10 +37,13 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import ddplab
 from ddplab import BucketedDDP, NaiveDDP
+from ddplab import data_parallel_report as report
 from ddplab.memory import PeakMemory
 from ddplab.models import ResidualMLP, make_clusters
+from ddplab.ranks import max_over_ranks, mean_over_ranks
 from ddplab.replot import draw_figures, replot
-from ddplab.variant_timing import allreduce_ms, rank_batches, time_variants
+from ddplab.variant_timing import rank_batches, time_variants, why_naive_is_slower
+from ddplab.world_size_sweep import sweep_world_sizes
 from figures import chapter05 as drawing
 
 CHAPTER = 5
@@ -142,25 +144,6 @@ def max_abs_diff(a: nn.Module, b: nn.Module) -> float:
     """Largest |a − b| over all parameters: 0.0 means bit-for-bit equal."""
     return max((p - q).abs().max().item() for p, q in
                zip(a.parameters(), b.parameters(), strict=True))
-
-
-def max_over_ranks(values: torch.Tensor) -> torch.Tensor:
-    values = values.to(ddplab_device())
-    dist.all_reduce(values, op=dist.ReduceOp.MAX)
-    return values.cpu()
-
-
-def mean_over_ranks(values: torch.Tensor) -> torch.Tensor:
-    values = values.to(ddplab_device())
-    dist.all_reduce(values)
-    return values.cpu() / dist.get_world_size()
-
-
-def ddplab_device() -> torch.device:
-    """Collectives on nccl need CUDA tensors; gloo takes CPU tensors."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 # --- 1. same numbers: train every variant in lockstep ---------------------------------------
@@ -275,8 +258,6 @@ def measure_speed(ctx, args, model: nn.Module, train_set) -> dict:
     ratio = {k: statistics.median(a / b for a, b in zip(per_round[k], per_round["native"],
                                                          strict=True))
              for k in ("naive", "bucketed", "local")}
-    grad_numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    whole = allreduce_ms(grad_numel, ctx.device, 5 if ctx.quick else 20)
     return {
         "step_time_ms": median,
         "ratio_to_native": ratio,
@@ -284,17 +265,7 @@ def measure_speed(ctx, args, model: nn.Module, train_set) -> dict:
                                    for k, v in per_round.items()},
         "timing": {"rounds": rounds, "warmup_steps": 3, "per_rank_batch": size.batch,
                    "bucket_cap_mb": args.bucket_cap_mb},
-        "why_naive_is_slower": {
-            "allreduce_calls": {"naive": info["naive_allreduce_calls"],
-                                "bucketed": len(info["buckets"]["bucketed"]),
-                                "native": len(info["buckets"]["native"] or [])},
-            "bucket_bytes": info["buckets"],
-            "naive_sync_ms": info["naive_sync_ms"],
-            "small_allreduce_ms": allreduce_ms(1, ctx.device, 30 if ctx.quick else 100),
-            "whole_gradient_allreduce_ms": whole,
-            "sync_vs_one_message": info["naive_sync_ms"] / whole,
-            "gradient_mib": grad_numel * 4 / 2**20,
-        },
+        "why_naive_is_slower": why_naive_is_slower(ctx, info, model),
     }
 
 
@@ -352,13 +323,7 @@ def measure_memory(args, main_run: ddplab.Run, main_result: dict) -> dict:
             peaks.update(ddplab.launch(memory_worker, sub).result or {})
     if set(peaks) != set(MEMORY_VARIANTS):  # no RSS high-water mark here (not Linux)
         return {"peak_memory_mb": None}
-    native = peaks["native"]
-    return {"peak_memory_mb": peaks,
-            "memory_ratio_to_native": {k: {phase: v[phase] / native[phase] if native[phase]
-                                           else None for phase in v}
-                                       for k, v in peaks.items()},
-            "memory": {"setup_steps": SETUP_STEPS, "steady_steps": STEADY_STEPS,
-                       "fresh_process_per_variant": fresh}}
+    return report.memory_results(peaks, SETUP_STEPS, STEADY_STEPS, fresh)
 
 
 def worker(ctx: ddplab.RankContext, args) -> dict | None:
@@ -399,42 +364,6 @@ def throughput_worker(ctx: ddplab.RankContext, args) -> dict | None:
     return {k: statistics.median(v) for k, v in per_round.items()} if ctx.is_main else None
 
 
-def sweep_world_sizes(args, main_run: ddplab.Run, main_result: dict) -> dict:
-    """Samples per second for 1, 2, 4 ranks (1 … all GPUs): each size is a launch of its own,
-    one after the other, all measured the same way.  (With --quick: only 1 rank and the main
-    run's world size, which reuses the main run's timing to save a launch.)
-
-    On CPU every rank gets one thread, so that adding a rank adds a worker, as adding a GPU
-    would.
-    """
-    prov = main_run.provenance
-    if prov["launcher"] == "torchrun":
-        return {"skipped": "under torchrun the processes are the ranks: a script cannot start "
-                           "other world sizes. Run it with python to get the sweep."}
-    gpus = torch.cuda.device_count() if prov["backend"] == "nccl" else 0
-    sizes = sorted({1, 2, 4} if not gpus else {1, gpus} | {n for n in (2, 4, 8) if n <= gpus})
-    if args.quick:  # two points are enough to draw; each extra launch costs seconds of start-up
-        sizes = sorted({1, prov["world_size"]})
-    batch = SIZES[args.size].batch
-    one_thread_per_rank = gpus or prov["cpu_count"] // prov["world_size"] <= 1
-    points = []
-    for world_size in sizes:
-        if args.quick and world_size == prov["world_size"] and one_thread_per_rank:
-            ms = {k: main_result["step_time_ms"][k] for k in SWEPT}
-        else:
-            sub = argparse.Namespace(**{**vars(args), "world_size": world_size})
-            ms = ddplab.launch(throughput_worker, sub).result
-        points.append({"world_size": world_size, "step_time_ms": ms,
-                       "samples_per_s": {k: world_size * batch / (v / 1e3)
-                                         for k, v in ms.items()}})
-    one_rank = points[0]["samples_per_s"]["local"] / points[0]["world_size"]
-    for p in points:  # against perfect scaling of one rank that never communicates
-        p["efficiency"] = {k: v / (p["world_size"] * one_rank)
-                           for k, v in p["samples_per_s"].items()}
-    return {"per_rank_batch": batch, "cpu_count": prov["cpu_count"],
-            "threads_per_rank": None if gpus else 1, "points": points}
-
-
 # --- 4. sharding: which rank sees which sample (no processes needed) -------------------------
 
 # --8<-- [start:sharding]
@@ -471,63 +400,8 @@ def sharding_demo() -> dict:
     }
 
 
-# --- the summary (the launching process; the figures: scripts/figures/chapter05.py) ----------
-
-def verdict(value: float) -> str:
-    return "bit for bit" if value == 0.0 else "float rounding" if value < 1e-4 else "DIFFERENT"
-
-
-def summarize(r: dict, prov: dict) -> str:
-    m, eq, tr = r["model"], r["equivalence"], r["training"]
-    why = r["why_naive_is_slower"]
-    lines = [
-        f"Chapter 05 — {prov['world_size']} ranks on {prov['backend']} ({prov['device']}), "
-        f"{m['name']} with {m['parameters'] / 1e6:.2f} M parameters in "
-        f"{m['parameter_tensors']} tensors",
-        "",
-        f"Same numbers? max |Δ parameter| after {tr['steps']} steps (global batch "
-        f"{tr['global_batch']}):",
-        f"  NaiveDDP    vs native DDP             {eq['naive_vs_native']:<10.3g} "
-        f"{verdict(eq['naive_vs_native'])}",
-        f"  BucketedDDP vs native DDP             {eq['bucketed_vs_native']:<10.3g} "
-        f"{verdict(eq['bucketed_vs_native'])}",
-        f"  native DDP  vs one process            {eq['ddp_vs_single_process']:<10.3g} "
-        f"{verdict(eq['ddp_vs_single_process'])}"
-        + (" (different summation order)" if eq["ddp_vs_single_process"] else ""),
-        f"  no_sync × {tr['micro_batches']} vs one large batch       "
-        f"{eq['no_sync_vs_large_batch']:<10.3g} {verdict(eq['no_sync_vs_large_batch'])}",
-        f"  test accuracy after training: {tr['test_accuracy']:.1%}"
-        + (f" (one process: {tr['test_accuracy_single_process']:.1%})"
-           if tr["test_accuracy_single_process"] is not None else ""),
-        "",
-        f"Speed: median step time, slowest rank, {r['timing']['rounds']} interleaved rounds:",
-    ]
-    calls = why["allreduce_calls"]
-    notes = {"local": "no communication: the floor",
-             "naive": f"{calls['naive']} all-reduces per step, after backward",
-             "bucketed": f"{calls['bucketed']} bucket(s), during backward",
-             "native": f"{calls['native']} bucket(s), during backward"}
-    for kind in VARIANTS:
-        ratio = "" if kind == "native" else f"×{r['ratio_to_native'][kind]:.2f} native"
-        lines.append(f"  {drawing.LABELS[kind]:<26} {r['step_time_ms'][kind]:7.1f} ms  {ratio:<13} "
-                     f"{notes[kind]}")
-    lines.append(f"  one tiny all-reduce takes {why['small_allreduce_ms']:.2f} ms; the whole "
-                 f"{why['gradient_mib']:.1f} MiB gradient in one message "
-                 f"{why['whole_gradient_allreduce_ms']:.1f} ms")
-    mem = r["peak_memory_mb"]
-    if mem:
-        lines.append("Peak memory added per rank, setup | steady state (MiB): " + ", ".join(
-            f"{drawing.LABELS[k]} {mem[k]['setup']:.0f} | {mem[k]['steady']:.0f}"
-            for k in MEMORY_VARIANTS))
-    scaling = r["scaling"]
-    if "points" in scaling:
-        lines.append("Throughput (samples/s, native | bucketed): " + ", ".join(
-            f"{p['world_size']} rank(s) {p['samples_per_s']['native']:.0f} | "
-            f"{p['samples_per_s']['bucketed']:.0f}" for p in scaling["points"]))
-    else:
-        lines.append(f"Scaling sweep skipped: {scaling['skipped']}")
-    return "\n".join(lines)
-
+# --- the launching process (the summary: ddplab/data_parallel_report.py; the figures:
+# scripts/figures/chapter05.py) -------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None = None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter05_data_parallel.py")
@@ -555,12 +429,13 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
     result = run.result
     result.update(measure_memory(args, run, result))
-    result["scaling"] = sweep_world_sizes(args, run, result)
+    result["scaling"] = sweep_world_sizes(args, run, result, throughput_worker, SWEPT,
+                                          SIZES[args.size].batch)
     result["sharding"] = sharding_demo()
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         ddplab.write_results(out, CHAPTER, result, run.provenance)
         names = draw_figures(out, drawing.draw)
-    print(summarize(result, run.provenance))
+    print(report.summarize(result, run.provenance, drawing.LABELS, VARIANTS, MEMORY_VARIANTS))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(names)}, results.json}}")
     return result
 

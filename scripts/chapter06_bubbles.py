@@ -27,11 +27,7 @@ from __future__ import annotations
 
 import io
 import os
-import statistics
 import sys
-import tempfile
-from dataclasses import asdict
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -44,6 +40,7 @@ from torch.utils.data import DistributedSampler
 
 import ddplab
 from ddplab import bubble_bench, hangs, stragglers, timeline
+from ddplab import bubble_report as report
 from ddplab.bubble_bench import mlp, native_ddp, rank_batch, record_timeline, sgd, wrapped
 from ddplab.launch import default_world_size, started_by_torchrun
 from ddplab.replot import draw_figures, replot
@@ -78,6 +75,7 @@ def train_step(model, opt, x, y, tl: timeline.Timeline, late_ms: float = 0.0):
 
 
 # --- 1. timelines ------------------------------------------------------------------------------
+# On a GPU, torch.profiler's own trace as well: bubble_bench.profiler_traces.
 
 def mlp_timeline(ctx, kind: str, steps: int, late_ms: float = 0.0):
     """A few steps of the MLP on one shared clock (bubble_bench.record_timeline)."""
@@ -87,31 +85,8 @@ def mlp_timeline(ctx, kind: str, steps: int, late_ms: float = 0.0):
                            late_ms=late_ms)
 
 
-def profiler_trace(ctx, steps: int = 2) -> str | None:
-    """GPU only: torch.profiler's own trace of native DDP steps (CUDA kernels, NCCL included).
-
-    On a GPU the host clock shows when work was *launched*; the profiler shows when it ran.
-    """
-    if ctx.device.type != "cuda":
-        return None
-    from torch.profiler import ProfilerActivity, profile
-
-    tl = timeline.Timeline(ctx.rank, enabled=False)
-    model = wrapped("native", ctx, tl)
-    opt = sgd(model)
-    x, y = rank_batch(ctx, (64, 256))
-    for _ in range(3):
-        train_step(model, opt, x, y, tl)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            train_step(model, opt, x, y, tl)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        return path.read_text()
-
-
 # --- 2. stragglers -----------------------------------------------------------------------------
+# The sweep's fitted slopes: scripts/ddplab/bubble_report.py, summarize_sweep.
 
 # --8<-- [start:sweep]
 def straggler_sweep(ctx, kind: str, delays: list[float], slow_rank: int, steps: int) -> dict:
@@ -140,26 +115,6 @@ def straggler_sweep(ctx, kind: str, delays: list[float], slow_rank: int, steps: 
     dist.all_gather_object(everyone, mine)
     return {"per_rank": everyone}
 # --8<-- [end:sweep]
-
-
-def summarize_sweep(sweep: dict, delays: list[float], slow_rank: int) -> dict:
-    """Fast ranks' mean idle, the step time (as slow as the slowest rank), fitted slopes."""
-    ranks = sweep["per_rank"]
-    fast = [r for i, r in enumerate(ranks) if i != slow_rank]
-    idle_fast = [statistics.fmean(r["idle_ms"][k] for r in fast) for k in range(len(delays))]
-    step = [max(r["step_ms"][k] for r in ranks) for k in range(len(delays))]
-    slope_idle, intercept_idle = stragglers.fit_line(delays, idle_fast)
-    slope_step, intercept_step = stragglers.fit_line(delays, step)
-    summary = {
-        "delay_ms": delays, "step_time_ms": step, "idle_ms_fast_ranks": idle_fast,
-        "idle_ms_slow_rank": ranks[slow_rank]["idle_ms"],
-        "slope_idle": slope_idle, "intercept_idle_ms": intercept_idle,
-        "slope_step_time": slope_step, "intercept_step_time_ms": intercept_step,
-    }
-    if any(any(r["wait_span_ms"]) for r in ranks):  # BucketedDDP times its own wait
-        summary["wait_span_ms_fast_ranks"] = [
-            statistics.fmean(r["wait_span_ms"][k] for r in fast) for k in range(len(delays))]
-    return summary
 
 
 # --- 3. sync points ----------------------------------------------------------------------------
@@ -449,28 +404,14 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
               "rank0_work": rank0_work(ctx),
               "uneven": uneven_inputs(ctx),
               "slow_rank": slow_rank}
-    trace = profiler_trace(ctx)
-    if trace is not None:
-        traces = [None] * ctx.world_size
-        dist.all_gather_object(traces, trace)
+    traces = bubble_bench.profiler_traces(ctx, train_step)  # GPU only: torch.profiler's view
+    if traces is not None:
         result["profiler_traces"] = traces
     return result if ctx.is_main else None
 
 
 # --- command line, and the files (drawing: scripts/figures/chapter06.py) ----------------------
-
-def parse_delays(text: str | None, quick: bool) -> list[float]:
-    if text is None:
-        return [float(d) for d in DELAYS["quick" if quick else "full"]]
-    try:
-        delays = [float(d) for d in text.split(",")]
-    except ValueError:
-        raise ddplab.UsageError(f"--delays {text!r}: give milliseconds separated by commas, "
-                                "e.g. 0,10,20,40") from None
-    if len(delays) < 2 or min(delays) < 0:
-        raise ddplab.UsageError(f"--delays {text!r}: need at least two delays, none negative")
-    return delays
-
+# results.json and the summary: scripts/ddplab/bubble_report.py.
 
 def parse_args(argv: list[str] | None = None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter06_bubbles.py")
@@ -481,7 +422,7 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--slow-rank", type=int, default=None, metavar="R",
                         help="which rank is late (default: the last one)")
     args = ddplab.parse_chapter_args(parser, argv)
-    args.delays = parse_delays(args.delays, args.quick)
+    args.delays = report.parse_delays(args.delays, DELAYS["quick" if args.quick else "full"])
     world = (int(os.environ["WORLD_SIZE"]) if started_by_torchrun()
              else args.world_size or default_world_size())
     if world < 2 and not args.replot:
@@ -503,73 +444,16 @@ def main(argv: list[str] | None = None) -> dict | None:
     result = run.result
     hung = {name: hangs.run_hang_demo(demo, args, HANG_TIMEOUT_S)
             for name, demo in HANG_DEMOS.items()}
-    slow = result["slow_rank"]
-    sweeps = {kind: summarize_sweep(s, args.delays, slow) for kind, s in result["sweeps"].items()}
-    uneven = result["uneven"]
-    join_completed = (len(uneven["batches_per_rank"]) == run.provenance["world_size"]
-                      and uneven["join_max_abs_diff_params"] == 0.0)
-    no_join = hung["uneven_without_join"]
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         traces = bubble_bench.write_traces(out, result)
-        metrics = {
-            "straggler": {**sweeps["native"], "slow_rank": slow,
-                          "expected_slope": EXPECTED_SLOPE, "bucketed": sweeps["bucketed"],
-                          "bubble_delay_ms": BUBBLE_DELAY_MS},
-            "syncbn": {k: v for k, v in result["syncbn"].items()},
-            "sync_points": {"metric_reduction": result["metric"],
-                            "rank0_work": stragglers.rank0_work_numbers(result["rank0_work"]),
-                            "rank0_only_collective": hung["rank0_only_collective"]},
-            "hook": result["hook"],
-            "uneven": {"join_completed": join_completed,
-                       "without_join": no_join["what_happened"],
-                       "without_join_demo": no_join,
-                       "batches_per_rank": uneven["batches_per_rank"],
-                       "join_max_abs_diff_params": uneven["join_max_abs_diff_params"],
-                       "collectives_per_step": result["join_collectives"],
-                       "throw_on_early_termination": uneven["throw_on_early_termination"],
-                       "sampler": uneven["sampler"]},
-            "timeline_source": ("torch.profiler (profiler_rank*.json) and ddplab.Timeline "
-                                "(CUDA events)" if "profiler_traces" in result else
-                                "ddplab.Timeline (host clock, perf_counter)"),
-            "buckets_per_step": {kind: len({e.name for e in ev if e.cat == "comm"})
-                                 for kind, ev in result["timelines"].items()},
-            "buckets_in_flight_at_last_launch": stragglers.buckets_in_flight(
-                result["timelines"]["native"]),
-            "trace_files": traces,
-            "timelines": {name: [asdict(e) for e in events] for name, events in (
-                *result["timelines"].items(), ("bubble", result["bubble"]),
-                ("syncbn", result["syncbn_timeline"]), ("rank0_work", result["rank0_work"]),
-                ("uneven_join", uneven["events"]))},
-        }
+        metrics = report.chapter_metrics(result, hung, args.delays, run.provenance, traces,
+                                         EXPECTED_SLOPE, BUBBLE_DELAY_MS)
         ddplab.write_results(out, CHAPTER, metrics, run.provenance)
         figures = draw_figures(out, drawing.draw)
-    print(summarize(metrics))
+    print(report.summarize(metrics, EXPECTED_SLOPE))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/ ({len(figures)} figures, "
           f"{len(traces)} traces, results.json); open the traces at https://ui.perfetto.dev")
     return metrics
-
-
-def summarize(m: dict) -> str:
-    s = m["straggler"]
-    lines = [f"straggler (rank {s['slow_rank']} late by d ms), native DDP:",
-             "   d (ms)  step (ms)  idle on-time ranks (ms)  idle late rank (ms)"]
-    for d, t, i, j in zip(s["delay_ms"], s["step_time_ms"], s["idle_ms_fast_ranks"],
-                          s["idle_ms_slow_rank"], strict=True):
-        lines.append(f"   {d:6.1f}  {t:9.2f}  {i:23.2f}  {j:19.2f}")
-    lines.append(f"   slope of idle vs d: {s['slope_idle']:.3f} native, "
-                 f"{s['bucketed']['slope_idle']:.3f} BucketedDDP (expected {EXPECTED_SLOPE:g})")
-    b = m["syncbn"]["step_time_ms"]
-    lines.append(f"BatchNorm {b['bn']:.2f} ms/step, SyncBatchNorm {b['syncbn']:.2f} ms/step")
-    r = m["sync_points"]["rank0_work"]
-    lines.append(f"rank 0 evaluate+save {r['eval_ms']:.1f} ms; the others waited "
-                 f"{r['idle_ms_other_ranks']:.1f} ms")
-    u = m["uneven"]
-    lines.append(f"uneven inputs {u['batches_per_rank']} batches: with Join "
-                 f"{'completed' if u['join_completed'] else 'FAILED'}; without Join: "
-                 f"{u['without_join']}")
-    lines.append(f"collective on rank 0 only: "
-                 f"{m['sync_points']['rank0_only_collective']['what_happened']}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

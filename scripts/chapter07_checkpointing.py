@@ -34,9 +34,7 @@ import json
 import math
 import os
 import shutil
-import signal
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -52,10 +50,11 @@ import ddplab
 from ddplab import checkpoint as ck
 from ddplab import checkpoint_dcp as dcpck
 from ddplab import checkpoint_pitfalls as pitfalls
-from ddplab import timing, torchrun_restart
+from ddplab import checkpoint_report as report
+from ddplab import torchrun_restart
 from ddplab.checkpoint_pitfalls import max_abs_diff
 from ddplab.launch import started_by_torchrun
-from ddplab.replot import draw_figures, replot, write_figure_data
+from ddplab.replot import replot
 from ddplab.timing import slowest_rank
 from ddplab.torchrun_restart import EventLog, restart_count
 from figures import chapter07 as drawing
@@ -200,7 +199,7 @@ def resume(ctx, cfg, job: Job, model, optimizer, scheduler, example) -> dict | N
 
     Rank 0 picks the checkpoint and tells the others, so that all ranks load the same one.
     """
-    path = newest_checkpoint(job.run_dir / job.resume, job.resume)  # rank 0 picks, broadcasts
+    path = dcpck.newest_checkpoint(job.run_dir / job.resume, job.resume)  # rank 0 picks
     if path is None:
         return None
     if job.forget != "buckets":
@@ -234,15 +233,6 @@ def load_dcp(ctx, cfg, job: Job, path: Path, model, optimizer, scheduler) -> dic
     return state
 
 
-def newest_checkpoint(directory: Path, kind: str) -> Path | None:
-    """Rank 0's newest complete checkpoint, the same on every rank (a broadcast)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    found = (ck.list_checkpoints if kind == "torch" else dcpck.list_distributed)(directory)
-    choice = [found[-1] if found else None]
-    dist.broadcast_object_list(choice, src=0)
-    return choice[0]
-
-
 # --8<-- [start:settle]
 def settle_ddp_buckets(model: DDP, example: torch.Tensor) -> None:
     """One throwaway backward, so that the first resumed step uses DDP's final bucket layout.
@@ -269,10 +259,7 @@ def train(ctx: ddplab.RankContext, cfg: Config, job: Job) -> dict:
     log.write("built")
     example = loader.dataset[0][0][None].to(ctx.device)  # one input, for settle_ddp_buckets
     resumed = resume(ctx, cfg, job, model, optimizer, scheduler, example) if job.resume else None
-    step, epoch, batch = ((resumed["step"], resumed["epoch"], resumed["batch_in_epoch"])
-                          if resumed else (0, 0, 0))
-    if job.forget == "sampler":
-        batch = 0  # the pitfall: the resumed run starts its epoch over
+    step, epoch, batch = start_position(resumed, job)
     log.write("start", step=step, resumed_from=step if resumed else None)
 
     end = job.stop_at or cfg.steps
@@ -280,7 +267,7 @@ def train(ctx: ddplab.RankContext, cfg: Config, job: Job) -> dict:
     while step < end:
         sampler.start_at(epoch, skip=batch * cfg.batch)  # the samples this rank already had
         for x, y, index in loader:
-            crash_if_asked(ctx, job, step, resumed is not None, log)
+            torchrun_restart.crash_if_asked(ctx, job, step, resumed is not None, log)
             loss = train_step(model, optimizer, scheduler, x.to(ctx.device), y.to(ctx.device))
             losses[step], seen[step] = loss.item(), index.tolist()
             step, batch = step + 1, batch + 1
@@ -293,32 +280,16 @@ def train(ctx: ddplab.RankContext, cfg: Config, job: Job) -> dict:
         else:
             epoch, batch = epoch + 1, 0  # the epoch ran out: the next one has a new order
     log.write("done", step=step)
-    return finish(ctx, model, losses, seen, saves, resumed)
+    return report.run_record(ctx, model, losses, seen, saves, resumed)
 # --8<-- [end:train]
 
 
-def crash_if_asked(ctx, job: Job, step: int, resumed: bool, log) -> None:
-    """The last rank dies at ``job.crash_at`` — only in a run that started from step 0 and in
-    torchrun's first attempt, so that the restarted (or rerun) group gets past it."""
-    if job.crash_at != step or ctx.rank != ctx.world_size - 1 or resumed or restart_count():
-        return
-    log.write("crash", step=step, rank=ctx.rank, how=job.crash_how, any_rank=True)
-    if job.crash_how == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)  # like the OOM killer: no exception, no cleanup
-    raise RuntimeError(f"rank {ctx.rank} crashed on purpose at step {step}")
-
-
-def finish(ctx, model, losses, seen, saves, resumed) -> dict:
-    params = torch.cat([p.detach().reshape(-1) for p in model.module.parameters()])
-    rank0 = params.clone()
-    dist.broadcast(rank0, src=0)
-    replica_diff = slowest_rank((params - rank0).abs().max().item())  # DDP keeps them equal
-    everyone = [None] * ctx.world_size
-    dist.all_gather_object(everyone, seen)
-    return {"params": params.cpu(), "replica_diff": replica_diff, "losses": losses,
-            "seen": {s: sorted(i for r in everyone for i in r[s]) for s in seen},
-            "saves": saves, "load_ms": resumed["load_ms"] if resumed else None,
-            "resumed_from": resumed["step"] if resumed else None}
+def start_position(resumed: dict | None, job: Job) -> tuple[int, int, int]:
+    """(step, epoch, batch in epoch) to start from: the checkpoint's, or the very beginning."""
+    if resumed is None:
+        return 0, 0, 0
+    batch = 0 if job.forget == "sampler" else resumed["batch_in_epoch"]  # the pitfall: the
+    return resumed["step"], resumed["epoch"], batch  # resumed run starts its epoch over
 
 
 # --- what each launch runs ----------------------------------------------------------------------
@@ -409,41 +380,7 @@ def launch(args, stage: str, **changes):
 
 # --- the launching process: run every part, then report ---------------------------------------
 # torchrun --max-restarts 1 and the runs' event logs: scripts/ddplab/torchrun_restart.py.
-
-def summarize(metrics: dict) -> str:
-    lines = []
-    for key in ("resume", "dcp", "restart"):
-        part = metrics[key]
-        if "max_abs_diff" in part:
-            lines.append(f"{key:<8} max |Δparam| vs uninterrupted = {part['max_abs_diff']:.3g}"
-                         f"  (resumed from step {part['resumed_from_step']})")
-        else:
-            lines.append(f"{key:<8} skipped: {part['skipped']}")
-    if "restarts" in metrics["restart"]:
-        lines.append(f"torchrun restarts: {metrics['restart']['restarts']}")
-    load = "" if metrics["load_ms"] is None else f"load {metrics['load_ms']:.1f} ms, "
-    lines.append(f"save {metrics['save_ms']:.1f} ms, {load}"
-                 f"checkpoint {metrics['checkpoint_mb']:.2f} MB")
-    lines.append(f"corrupted file: {metrics['corrupt_file_error']}")
-    return "\n".join(lines)
-
-
-def train_only(args) -> None:
-    """--train: one run, checkpoints in --ckpt-dir; rank 0 leaves final.pt there."""
-    run = launch(args, "train")
-    if run is None:
-        return
-    result = run.result
-    torch.save({"params": result["params"], "replica_diff": result["replica_diff"],
-                "resumed_from": result["resumed_from"], "attempt": result["attempt"]},
-               Path(args.ckpt_dir) / "final.pt")
-    start = result["resumed_from"]
-    how = f"resumed from step {start}" if start is not None else "from step 0"
-    if run.provenance["launcher"] == "torchrun":
-        how += f", torchrun restart {result['attempt']}"
-    print(f"trained to step {max(result['losses'], default=start or 0) + 1} ({how}); "
-          f"final parameters in {Path(args.ckpt_dir) / 'final.pt'}")
-
+# Flags, work directory, results.json and the summary: scripts/ddplab/checkpoint_report.py.
 
 def run_chapter(args, work: Path) -> dict:
     cfg = config(args)
@@ -452,23 +389,11 @@ def run_chapter(args, work: Path) -> dict:
         return {}
     reference, provenance = run.result, run.provenance
     ref_params = reference["params"]
-    torch_saves = [s for s in reference["saves"] if "torch" in s]
-    phases = {k: timing.median([s["torch_phases"][k] for s in torch_saves])
-              for k in torch_saves[0]["torch_phases"]}
-    save_ms = timing.median([s["torch"] for s in torch_saves])
-    phases["prune_barrier"] = max(0.0, save_ms - sum(phases.values()))
     good = ck.latest_checkpoint(work / "reference" / "torch")
-    metrics = {
-        "config": asdict(cfg),
-        "uninterrupted": {"replica_diff": reference["replica_diff"]},
-        "save_ms": save_ms, "save_phases_ms": phases,
-        "checkpoint_mb": torch_saves[-1]["torch_bytes"] / 1e6,
-        "pitfalls": reference["pitfalls"],
-    }
-    dcp_dir = dcpck.list_distributed(work / "reference" / "dcp")[-1]
-    dcp_mb = dcpck.dcp_mb_per_rank(dcp_dir, provenance["world_size"])
-    metrics["dcp"] = {"save_ms": timing.median([s["dcp"] for s in reference["saves"]]),
-                      "mb_per_rank": dcp_mb, "checkpoint_mb": sum(dcp_mb)}
+    metrics = {"config": asdict(cfg),
+               "uninterrupted": {"replica_diff": reference["replica_diff"]},
+               **report.save_costs(reference, work, provenance["world_size"]),
+               "pitfalls": reference["pitfalls"]}
     smaller = make_model(cfg, hidden=cfg.hidden // 2)  # a checkpoint of another model
     metrics["bad_input"] = pitfalls.bad_input_demo(good, work, smaller)
     metrics["corrupt_file_error"] = metrics["bad_input"]["corrupted"]
@@ -476,11 +401,7 @@ def run_chapter(args, work: Path) -> dict:
     curves = {"uninterrupted": reference["losses"]}
 
     if provenance["launcher"] == "torchrun":
-        note = "needs several launches; run with python (mp.spawn) for this part"
-        print(f"note: under torchrun, skipping the crash/rerun, DCP resume and restart: {note}")
-        for key in ("resume", "dcp", "restart"):
-            metrics.setdefault(key, {})["skipped"] = note
-        metrics["load_ms"] = None
+        report.skip_under_torchrun(metrics)
         return {"metrics": metrics, "curves": curves, "provenance": provenance}
 
     # Crash (rank N-1 raises at cfg.crash_at), then a new launch resumes from the checkpoint.
@@ -499,67 +420,21 @@ def run_chapter(args, work: Path) -> dict:
     metrics["buckets"] = launch(args, "buckets", work=str(work), world_size=3,
                                 backend=args.backend if gpus >= 3 else "gloo").result
 
-    metrics["load_ms"] = resumed["load_ms"]
-    metrics["resume"] = {"max_abs_diff": max_abs_diff(resumed["params"], ref_params),
-                         "resumed_from_step": resumed["resumed_from"], "crash_error": crash_error,
-                         "replica_diff": resumed["replica_diff"]}
-    metrics["dcp"].update({"max_abs_diff": max_abs_diff(resumed_dcp["params"], ref_params),
-                           "resumed_from_step": resumed_dcp["resumed_from"],
-                           "load_ms": resumed_dcp["load_ms"]})
+    metrics.update(report.resumed_metrics(metrics["dcp"], resumed, resumed_dcp, crash_error,
+                                          ref_params))
     metrics["restart"] = torchrun_restart.restart_metrics(restart, ref_params)
     metrics["pitfalls"].update(pitfalls.forgetful_resumes(resumed, reference, ref_params))
-
-    crashed = torchrun_restart.loss_series(crash_log, "crash")
-    curves["crash (mp.spawn), then rerun"] = {**crashed, **resumed["losses"]}
-    curves["resumed from DCP"] = {**crashed, **resumed_dcp["losses"]}
-    # attempt 1's steps overwrite attempt 0's
-    curves["torchrun restart"] = torchrun_restart.loss_series(restart["log"], "train")
-    curves["forgot the sampler position"] = {**crashed, **resumed["forgot"]["sampler"]["losses"]}
-    curves["forgot the RNG states"] = {**crashed, **resumed["forgot"]["rng"]["losses"]}
+    curves.update(report.resume_curves(crash_log, resumed, resumed_dcp, restart["log"]))
     return {"metrics": metrics, "curves": curves, "provenance": provenance, "restart": restart,
             "checkpoint_at": resumed["resumed_from"], "crash_at": cfg.crash_at}
 
 
 def parse_args(argv: list[str] | None = None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter07_checkpointing.py")
-    parser.add_argument("--ckpt-dir", type=Path, default=None, metavar="DIR",
-                        help="where checkpoints go (default: a temporary directory, removed at "
-                             "the end; with --train: required)")
-    parser.add_argument("--train", action="store_true",
-                        help="only train (resuming from --ckpt-dir if it has a checkpoint)")
-    parser.add_argument("--crash-at-step", type=int, default=None, metavar="K",
-                        help="with --train: the last rank dies at step K (first attempt only)")
-    parser.add_argument("--crash-how", choices=("raise", "kill"), default="raise",
-                        help="raise an exception, or SIGKILL the process (default: raise)")
+    report.add_arguments(parser)  # --ckpt-dir, --train, --crash-at-step, --crash-how
     args = ddplab.parse_chapter_args(parser, argv)
-    if args.world_size is not None and args.world_size < 2:
-        raise ddplab.UsageError("chapter 07 needs --world-size 2 or more (a rank must crash "
-                                "while another one survives)")
-    if args.train and args.ckpt_dir is None:
-        raise ddplab.UsageError("--train needs --ckpt-dir DIR (where checkpoints are kept)")
-    if args.crash_at_step is not None and not args.train:
-        raise ddplab.UsageError("--crash-at-step goes with --train")
-    steps = config(args).steps
-    if args.crash_at_step is not None and not 0 <= args.crash_at_step < steps:
-        raise ddplab.UsageError(f"--crash-at-step {args.crash_at_step}: the run has {steps} steps"
-                                f"{' (--quick)' if args.quick else ''}, choose 0..{steps - 1}")
+    report.check_args(args, config(args).steps)
     return args
-
-
-def work_directory(args) -> tuple[Path, bool]:
-    """Where the runs keep their checkpoints, and whether to delete it at the end.
-
-    Under torchrun every rank is its own process: they agree on a directory named after their
-    common parent, the torchrun agent (one machine; several need a shared --ckpt-dir).
-    """
-    if args.ckpt_dir is not None:
-        if args.ckpt_dir.exists() and any(args.ckpt_dir.iterdir()):
-            raise ddplab.UsageError(f"--ckpt-dir {args.ckpt_dir} is not empty: the chapter "
-                                    "needs fresh runs (use --train to resume from it)")
-        return args.ckpt_dir, False
-    if started_by_torchrun():
-        return Path(tempfile.gettempdir()) / f"ddplab-ch07-torchrun-{os.getppid()}", True
-    return Path(tempfile.mkdtemp(prefix="ddplab-ch07-")), True
 
 
 def main(argv: list[str] | None = None) -> dict | None:
@@ -567,9 +442,10 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.replot:  # redraw the figures from the last run's files; no rank is started
         replot(args.out, CHAPTER, drawing.draw)
         return None
-    if args.train:
-        return train_only(args)
-    work, temporary = work_directory(args)
+    if args.train:  # one run, checkpoints in --ckpt-dir; rank 0 leaves final.pt there
+        run = launch(args, "train")
+        return None if run is None else report.write_final(run, Path(args.ckpt_dir))
+    work, temporary = report.work_directory(args)
     try:
         parts = run_chapter(args, work)
     finally:
@@ -578,15 +454,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if not parts:  # a non-zero rank under torchrun
         return None
     metrics = parts["metrics"]
-    with ddplab.chapter_output(args.out, CHAPTER) as out:
-        ddplab.write_results(out, CHAPTER, metrics, parts["provenance"])
-        if "restart" in parts:  # what resume.png and restart.png draw beyond results.json
-            write_figure_data(out, "resume.json", parts["curves"])
-            write_figure_data(out, "restart.json", {k: parts["restart"][k]
-                                                    for k in ("log", "started")})
-        names = draw_figures(out, drawing.draw)
-    print(summarize(metrics))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(names)}, results.json}}")
+    report.write_outputs(args.out, CHAPTER, parts, drawing.draw)
     return metrics
 
 

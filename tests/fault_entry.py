@@ -69,10 +69,10 @@ def restart(args) -> None:
 
     import chapter07_checkpointing as chapter
 
-    from ddplab import torchrun_restart
+    from ddplab import checkpoint_report, torchrun_restart
 
     args.ckpt_dir = None
-    work, _ = chapter.work_directory(args)
+    work, _ = checkpoint_report.work_directory(args)
     try:
         torchrun_restart.run_torchrun_restart(args, chapter.SCRIPT, chapter.config(args).crash_at,
                                               work)

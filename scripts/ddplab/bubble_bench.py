@@ -8,11 +8,13 @@ shares:
   (native DDP timed by a comm hook, or BucketedDDP, which times itself), ``sgd``;
 * ``record_timeline``: a window of consecutive steps of the chapter's ``train_step`` (each
   phase a span), every rank's events gathered on rank 0;
+* ``profiler_traces``: on a GPU, torch.profiler's trace of a few native DDP steps, every rank's;
 * ``write_traces``: the Chrome/Perfetto traces of a run.
 """
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import torch
@@ -93,6 +95,34 @@ def record_timeline(ctx, model: nn.Module, tl: timeline.Timeline, x, y, train_st
     if not ctx.is_main:
         return None
     return sorted(recorded, key=lambda events: max(e.end_ms for e in events))[windows // 2]
+
+
+def profiler_traces(ctx, train_step, steps: int = 2) -> list[str] | None:
+    """GPU only: torch.profiler's own trace of native DDP steps (CUDA kernels, NCCL included),
+    every rank's, gathered on every rank (a collective on a GPU).
+
+    On a GPU the host clock shows when work was *launched*; the profiler shows when it ran.
+    """
+    if ctx.device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    tl = timeline.Timeline(ctx.rank, enabled=False)
+    model = wrapped("native", ctx, tl)
+    opt = sgd(model)
+    x, y = rank_batch(ctx, (64, 256))
+    for _ in range(3):
+        train_step(model, opt, x, y, tl)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            train_step(model, opt, x, y, tl)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = path.read_text()
+    traces = [None] * ctx.world_size
+    dist.all_gather_object(traces, trace)
+    return traces
 
 
 def write_traces(out: Path, result: dict) -> list[str]:

@@ -8,6 +8,8 @@ collective: every shard and ``.metadata`` are on disk), rank 0 hashes every file
 
 DCP also needs no process group to *read* a checkpoint: ``dcp.load(..., no_dist=True)`` loads it
 in one process, a notebook say (torch/distributed/checkpoint/state_dict_loader.py, ``load``).
+
+``newest_checkpoint`` picks the checkpoint to resume from, of either kind, the same on every rank.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .checkpoint import (
     _sha256,
     _write_text_atomically,
     checkpoint_name,
+    list_checkpoints,
     rng_state,
     set_rng_state,
 )
@@ -142,3 +145,13 @@ def dcp_mb_per_rank(directory: Path, world: int) -> list[float]:
             rank = 0 if f.name == ".metadata" else int(f.name.split("_")[2])
             sizes[rank] += f.stat().st_size / 1e6
     return sizes
+
+
+def newest_checkpoint(directory: Path, kind: str) -> Path | None:
+    """Rank 0's newest complete checkpoint of ``kind`` ("torch": one file, or "dcp"), the same
+    on every rank (a broadcast)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    found = (list_checkpoints if kind == "torch" else list_distributed)(directory)
+    choice = [found[-1] if found else None]
+    dist.broadcast_object_list(choice, src=0)
+    return choice[0]

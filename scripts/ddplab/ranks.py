@@ -130,3 +130,24 @@ def progress_lines(iterable: Iterable, desc: str, total: int | None, stream: Tex
             last_time, last_percent, printed = now, percent, done
     if done != printed and not total:  # an iterable of unknown length: say where it ended
         print(f"{desc}: {done} done, {time.monotonic() - start:.0f} s", file=stream, flush=True)
+
+
+def max_over_ranks(values: torch.Tensor) -> torch.Tensor:
+    """Element-wise maximum over all ranks (collective), back on the CPU."""
+    values = values.to(collective_device())
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return values.cpu()
+
+
+def mean_over_ranks(values: torch.Tensor) -> torch.Tensor:
+    """Element-wise mean over all ranks (collective), back on the CPU."""
+    values = values.to(collective_device())
+    dist.all_reduce(values)
+    return values.cpu() / dist.get_world_size()
+
+
+def collective_device() -> torch.device:
+    """Collectives on nccl need CUDA tensors; gloo takes CPU tensors."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

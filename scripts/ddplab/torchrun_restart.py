@@ -10,7 +10,8 @@ demonstration needs around the training itself:
   the losses back;
 * ``run_torchrun_restart``: torchrun as a subprocess, bounded by a timeout, ended with all its
   ranks whatever happens, and torchrun's own words about the failure and the restart;
-  ``restart_metrics``: what the restart cost (steps lost, seconds) and whether it was exact.
+  ``restart_metrics``: what the restart cost (steps lost, seconds) and whether it was exact;
+* ``crash_if_asked``: the crash itself, once, in the first attempt only.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -124,3 +126,14 @@ def restart_metrics(restart: dict, ref_params: torch.Tensor) -> dict:
             "lost_steps": crash["step"] - resumed_step,
             "restart_s": boot["t"] - crash["t"], "wall_s": restart["wall_s"],
             "replica_diff": final["replica_diff"], "torchrun_said": restart["torchrun_lines"]}
+
+
+def crash_if_asked(ctx, job, step: int, resumed: bool, log) -> None:
+    """The last rank dies at ``job.crash_at`` — only in a run that started from step 0 and in
+    torchrun's first attempt, so that the restarted (or rerun) group gets past it."""
+    if job.crash_at != step or ctx.rank != ctx.world_size - 1 or resumed or restart_count():
+        return
+    log.write("crash", step=step, rank=ctx.rank, how=job.crash_how, any_rank=True)
+    if job.crash_how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)  # like the OOM killer: no exception, no cleanup
+    raise RuntimeError(f"rank {ctx.rank} crashed on purpose at step {step}")

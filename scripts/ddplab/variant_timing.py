@@ -7,7 +7,8 @@ variant takes one step, in a shuffled order, each step as slow as its slowest ra
 * ``rank_batches``: a few batches of this rank's shard, already on the device;
 * ``timed_sync``: NaiveDDP's communication timed on its own (it is a separate call);
 * ``native_bucket_bytes``: native DDP's bucket sizes (a private API: None if it changed);
-* ``allreduce_ms``: one all-reduce of a given size, to completion.
+* ``allreduce_ms``: one all-reduce of a given size, to completion;
+* ``why_naive_is_slower``: NaiveDDP's many small messages against one big one (collective).
 """
 
 from __future__ import annotations
@@ -99,3 +100,21 @@ def allreduce_ms(numel: int, device: torch.device, repeats: int) -> float:
     samples = timing.time_steps(lambda: dist.all_reduce(t), steps=repeats, warmup=2,
                                 device=device)
     return timing.slowest_rank(statistics.median(samples))
+
+
+def why_naive_is_slower(ctx, info: dict, model: nn.Module) -> dict:
+    """NaiveDDP's all-reduce calls and sync time (``info`` from ``time_variants``) against one
+    tiny all-reduce and one of the whole gradient.  Collective: every rank calls it."""
+    grad_numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    whole = allreduce_ms(grad_numel, ctx.device, 5 if ctx.quick else 20)
+    return {
+        "allreduce_calls": {"naive": info["naive_allreduce_calls"],
+                            "bucketed": len(info["buckets"]["bucketed"]),
+                            "native": len(info["buckets"]["native"] or [])},
+        "bucket_bytes": info["buckets"],
+        "naive_sync_ms": info["naive_sync_ms"],
+        "small_allreduce_ms": allreduce_ms(1, ctx.device, 30 if ctx.quick else 100),
+        "whole_gradient_allreduce_ms": whole,
+        "sync_vs_one_message": info["naive_sync_ms"] / whole,
+        "gradient_mib": grad_numel * 4 / 2**20,
+    }

@@ -1,0 +1,115 @@
+"""Chapter 06's launching process: rank 0's measurements turned into results.json, and a summary.
+
+* ``parse_delays``: the --delays flag;
+* ``summarize_sweep``: a straggler sweep's step times and idle times, and the fitted slopes;
+* ``chapter_metrics``: results.json (what the page and scripts/figures/chapter06.py read);
+* ``summarize``: the results on one screen.
+The measurements themselves stay in scripts/chapter06_bubbles.py.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict
+
+from . import stragglers
+from .cli import UsageError
+
+
+def parse_delays(text: str | None, default: list[float]) -> list[float]:
+    """--delays: milliseconds separated by commas (``default`` when not given)."""
+    if text is None:
+        return [float(d) for d in default]
+    try:
+        delays = [float(d) for d in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--delays {text!r}: give milliseconds separated by commas, "
+                                "e.g. 0,10,20,40") from None
+    if len(delays) < 2 or min(delays) < 0:
+        raise UsageError(f"--delays {text!r}: need at least two delays, none negative")
+    return delays
+
+
+def summarize_sweep(sweep: dict, delays: list[float], slow_rank: int) -> dict:
+    """Fast ranks' mean idle, the step time (as slow as the slowest rank), fitted slopes."""
+    ranks = sweep["per_rank"]
+    fast = [r for i, r in enumerate(ranks) if i != slow_rank]
+    idle_fast = [statistics.fmean(r["idle_ms"][k] for r in fast) for k in range(len(delays))]
+    step = [max(r["step_ms"][k] for r in ranks) for k in range(len(delays))]
+    slope_idle, intercept_idle = stragglers.fit_line(delays, idle_fast)
+    slope_step, intercept_step = stragglers.fit_line(delays, step)
+    summary = {
+        "delay_ms": delays, "step_time_ms": step, "idle_ms_fast_ranks": idle_fast,
+        "idle_ms_slow_rank": ranks[slow_rank]["idle_ms"],
+        "slope_idle": slope_idle, "intercept_idle_ms": intercept_idle,
+        "slope_step_time": slope_step, "intercept_step_time_ms": intercept_step,
+    }
+    if any(any(r["wait_span_ms"]) for r in ranks):  # BucketedDDP times its own wait
+        summary["wait_span_ms_fast_ranks"] = [
+            statistics.fmean(r["wait_span_ms"][k] for r in fast) for k in range(len(delays))]
+    return summary
+
+
+def chapter_metrics(result: dict, hung: dict, delays: list[float], provenance: dict,
+                    traces: list[str], expected_slope: float, bubble_delay_ms: float) -> dict:
+    """results.json from rank 0's result, the two hang demonstrations and the trace files."""
+    slow = result["slow_rank"]
+    sweeps = {kind: summarize_sweep(s, delays, slow) for kind, s in result["sweeps"].items()}
+    uneven = result["uneven"]
+    join_completed = (len(uneven["batches_per_rank"]) == provenance["world_size"]
+                      and uneven["join_max_abs_diff_params"] == 0.0)
+    no_join = hung["uneven_without_join"]
+    return {
+        "straggler": {**sweeps["native"], "slow_rank": slow,
+                      "expected_slope": expected_slope, "bucketed": sweeps["bucketed"],
+                      "bubble_delay_ms": bubble_delay_ms},
+        "syncbn": {k: v for k, v in result["syncbn"].items()},
+        "sync_points": {"metric_reduction": result["metric"],
+                        "rank0_work": stragglers.rank0_work_numbers(result["rank0_work"]),
+                        "rank0_only_collective": hung["rank0_only_collective"]},
+        "hook": result["hook"],
+        "uneven": {"join_completed": join_completed,
+                   "without_join": no_join["what_happened"],
+                   "without_join_demo": no_join,
+                   "batches_per_rank": uneven["batches_per_rank"],
+                   "join_max_abs_diff_params": uneven["join_max_abs_diff_params"],
+                   "collectives_per_step": result["join_collectives"],
+                   "throw_on_early_termination": uneven["throw_on_early_termination"],
+                   "sampler": uneven["sampler"]},
+        "timeline_source": ("torch.profiler (profiler_rank*.json) and ddplab.Timeline "
+                            "(CUDA events)" if "profiler_traces" in result else
+                            "ddplab.Timeline (host clock, perf_counter)"),
+        "buckets_per_step": {kind: len({e.name for e in ev if e.cat == "comm"})
+                             for kind, ev in result["timelines"].items()},
+        "buckets_in_flight_at_last_launch": stragglers.buckets_in_flight(
+            result["timelines"]["native"]),
+        "trace_files": traces,
+        "timelines": {name: [asdict(e) for e in events] for name, events in (
+            *result["timelines"].items(), ("bubble", result["bubble"]),
+            ("syncbn", result["syncbn_timeline"]), ("rank0_work", result["rank0_work"]),
+            ("uneven_join", uneven["events"]))},
+    }
+
+
+def summarize(m: dict, expected_slope: float) -> str:
+    """The chapter's results on one screen."""
+    s = m["straggler"]
+    lines = [f"straggler (rank {s['slow_rank']} late by d ms), native DDP:",
+             "   d (ms)  step (ms)  idle on-time ranks (ms)  idle late rank (ms)"]
+    for d, t, i, j in zip(s["delay_ms"], s["step_time_ms"], s["idle_ms_fast_ranks"],
+                          s["idle_ms_slow_rank"], strict=True):
+        lines.append(f"   {d:6.1f}  {t:9.2f}  {i:23.2f}  {j:19.2f}")
+    lines.append(f"   slope of idle vs d: {s['slope_idle']:.3f} native, "
+                 f"{s['bucketed']['slope_idle']:.3f} BucketedDDP (expected {expected_slope:g})")
+    b = m["syncbn"]["step_time_ms"]
+    lines.append(f"BatchNorm {b['bn']:.2f} ms/step, SyncBatchNorm {b['syncbn']:.2f} ms/step")
+    r = m["sync_points"]["rank0_work"]
+    lines.append(f"rank 0 evaluate+save {r['eval_ms']:.1f} ms; the others waited "
+                 f"{r['idle_ms_other_ranks']:.1f} ms")
+    u = m["uneven"]
+    lines.append(f"uneven inputs {u['batches_per_rank']} batches: with Join "
+                 f"{'completed' if u['join_completed'] else 'FAILED'}; without Join: "
+                 f"{u['without_join']}")
+    lines.append(f"collective on rank 0 only: "
+                 f"{m['sync_points']['rank0_only_collective']['what_happened']}")
+    return "\n".join(lines)

@@ -1,0 +1,179 @@
+"""Chapter 07's launching process: what it does around the runs, not the runs themselves.
+
+Where the runs keep their checkpoints, the checks on the command line, the record each run
+hands back (``run_record``, on every rank), the costs of a save read off the uninterrupted
+run, the one-screen summary, and the file ``--train`` leaves behind.
+The story (train, save, resume, crash, restart) stays in scripts/chapter07_checkpointing.py.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ddplab import checkpoint_dcp as dcpck
+from ddplab import timing
+from ddplab.checkpoint_pitfalls import max_abs_diff
+from ddplab.cli import UsageError
+from ddplab.launch import started_by_torchrun
+from ddplab.replot import draw_figures, write_figure_data
+from ddplab.results import chapter_output, write_results
+from ddplab.timing import slowest_rank
+from ddplab.torchrun_restart import loss_series
+
+SKIPPED_UNDER_TORCHRUN = "needs several launches; run with python (mp.spawn) for this part"
+
+
+def add_arguments(parser) -> None:
+    """Chapter 07's own flags, beside the ones every chapter has."""
+    parser.add_argument("--ckpt-dir", type=Path, default=None, metavar="DIR",
+                        help="where checkpoints go (default: a temporary directory, removed at "
+                             "the end; with --train: required)")
+    parser.add_argument("--train", action="store_true",
+                        help="only train (resuming from --ckpt-dir if it has a checkpoint)")
+    parser.add_argument("--crash-at-step", type=int, default=None, metavar="K",
+                        help="with --train: the last rank dies at step K (first attempt only)")
+    parser.add_argument("--crash-how", choices=("raise", "kill"), default="raise",
+                        help="raise an exception, or SIGKILL the process (default: raise)")
+
+
+def check_args(args, steps: int) -> None:
+    """Chapter 07's own checks on the command line (``steps``: the run's length)."""
+    if args.world_size is not None and args.world_size < 2:
+        raise UsageError("chapter 07 needs --world-size 2 or more (a rank must crash "
+                         "while another one survives)")
+    if args.train and args.ckpt_dir is None:
+        raise UsageError("--train needs --ckpt-dir DIR (where checkpoints are kept)")
+    if args.crash_at_step is not None and not args.train:
+        raise UsageError("--crash-at-step goes with --train")
+    if args.crash_at_step is not None and not 0 <= args.crash_at_step < steps:
+        raise UsageError(f"--crash-at-step {args.crash_at_step}: the run has {steps} steps"
+                         f"{' (--quick)' if args.quick else ''}, choose 0..{steps - 1}")
+
+
+def work_directory(args) -> tuple[Path, bool]:
+    """Where the runs keep their checkpoints, and whether to delete it at the end.
+
+    Under torchrun every rank is its own process: they agree on a directory named after their
+    common parent, the torchrun agent (one machine; several need a shared --ckpt-dir).
+    """
+    if args.ckpt_dir is not None:
+        if args.ckpt_dir.exists() and any(args.ckpt_dir.iterdir()):
+            raise UsageError(f"--ckpt-dir {args.ckpt_dir} is not empty: the chapter "
+                             "needs fresh runs (use --train to resume from it)")
+        return args.ckpt_dir, False
+    if started_by_torchrun():
+        return Path(tempfile.gettempdir()) / f"ddplab-ch07-torchrun-{os.getppid()}", True
+    return Path(tempfile.mkdtemp(prefix="ddplab-ch07-")), True
+
+
+def run_record(ctx, model, losses, seen, saves, resumed) -> dict:
+    """What a run hands back (collective): its parameters, how far the replicas differ, the
+    losses and the samples every step saw (all ranks'), the saves' timings, where it resumed."""
+    params = torch.cat([p.detach().reshape(-1) for p in model.module.parameters()])
+    rank0 = params.clone()
+    dist.broadcast(rank0, src=0)
+    replica_diff = slowest_rank((params - rank0).abs().max().item())  # DDP keeps them equal
+    everyone = [None] * ctx.world_size
+    dist.all_gather_object(everyone, seen)
+    return {"params": params.cpu(), "replica_diff": replica_diff, "losses": losses,
+            "seen": {s: sorted(i for r in everyone for i in r[s]) for s in seen},
+            "saves": saves, "load_ms": resumed["load_ms"] if resumed else None,
+            "resumed_from": resumed["step"] if resumed else None}
+
+
+def save_costs(reference: dict, work: Path, world_size: int) -> dict:
+    """What saving cost in the uninterrupted run: torch.save's phases, sizes, and DCP's."""
+    torch_saves = [s for s in reference["saves"] if "torch" in s]
+    phases = {k: timing.median([s["torch_phases"][k] for s in torch_saves])
+              for k in torch_saves[0]["torch_phases"]}
+    save_ms = timing.median([s["torch"] for s in torch_saves])
+    phases["prune_barrier"] = max(0.0, save_ms - sum(phases.values()))
+    dcp_dir = dcpck.list_distributed(work / "reference" / "dcp")[-1]
+    dcp_mb = dcpck.dcp_mb_per_rank(dcp_dir, world_size)
+    return {"save_ms": save_ms, "save_phases_ms": phases,
+            "checkpoint_mb": torch_saves[-1]["torch_bytes"] / 1e6,
+            "dcp": {"save_ms": timing.median([s["dcp"] for s in reference["saves"]]),
+                    "mb_per_rank": dcp_mb, "checkpoint_mb": sum(dcp_mb)}}
+
+
+def resumed_metrics(dcp: dict, resumed: dict, resumed_dcp: dict, crash_error: str,
+                    ref_params: torch.Tensor) -> dict:
+    """How exactly the rerun after the crash resumed (one file, and DCP: updates ``dcp``)."""
+    dcp.update({"max_abs_diff": max_abs_diff(resumed_dcp["params"], ref_params),
+                "resumed_from_step": resumed_dcp["resumed_from"],
+                "load_ms": resumed_dcp["load_ms"]})
+    return {"load_ms": resumed["load_ms"],
+            "resume": {"max_abs_diff": max_abs_diff(resumed["params"], ref_params),
+                       "resumed_from_step": resumed["resumed_from"], "crash_error": crash_error,
+                       "replica_diff": resumed["replica_diff"]}}
+
+
+def resume_curves(crash_log: list, resumed: dict, resumed_dcp: dict, restart_log: list) -> dict:
+    """The loss curves resume.png draws: the crashed run's steps, then each resume's."""
+    crashed = loss_series(crash_log, "crash")
+    return {"crash (mp.spawn), then rerun": {**crashed, **resumed["losses"]},
+            "resumed from DCP": {**crashed, **resumed_dcp["losses"]},
+            # attempt 1's steps overwrite attempt 0's
+            "torchrun restart": loss_series(restart_log, "train"),
+            "forgot the sampler position": {**crashed, **resumed["forgot"]["sampler"]["losses"]},
+            "forgot the RNG states": {**crashed, **resumed["forgot"]["rng"]["losses"]}}
+
+
+def skip_under_torchrun(metrics: dict) -> None:
+    """Under torchrun the parts that need several launches are marked skipped."""
+    print(f"note: under torchrun, skipping the crash/rerun, DCP resume and restart: "
+          f"{SKIPPED_UNDER_TORCHRUN}")
+    for key in ("resume", "dcp", "restart"):
+        metrics.setdefault(key, {})["skipped"] = SKIPPED_UNDER_TORCHRUN
+    metrics["load_ms"] = None
+
+
+def summarize(metrics: dict) -> str:
+    lines = []
+    for key in ("resume", "dcp", "restart"):
+        part = metrics[key]
+        if "max_abs_diff" in part:
+            lines.append(f"{key:<8} max |Δparam| vs uninterrupted = {part['max_abs_diff']:.3g}"
+                         f"  (resumed from step {part['resumed_from_step']})")
+        else:
+            lines.append(f"{key:<8} skipped: {part['skipped']}")
+    if "restarts" in metrics["restart"]:
+        lines.append(f"torchrun restarts: {metrics['restart']['restarts']}")
+    load = "" if metrics["load_ms"] is None else f"load {metrics['load_ms']:.1f} ms, "
+    lines.append(f"save {metrics['save_ms']:.1f} ms, {load}"
+                 f"checkpoint {metrics['checkpoint_mb']:.2f} MB")
+    lines.append(f"corrupted file: {metrics['corrupt_file_error']}")
+    return "\n".join(lines)
+
+
+def write_final(run, ckpt_dir: Path) -> None:
+    """--train's end: rank 0 leaves final.pt in ``ckpt_dir`` and says how the run went."""
+    result = run.result
+    torch.save({"params": result["params"], "replica_diff": result["replica_diff"],
+                "resumed_from": result["resumed_from"], "attempt": result["attempt"]},
+               ckpt_dir / "final.pt")
+    start = result["resumed_from"]
+    how = f"resumed from step {start}" if start is not None else "from step 0"
+    if run.provenance["launcher"] == "torchrun":
+        how += f", torchrun restart {result['attempt']}"
+    print(f"trained to step {max(result['losses'], default=start or 0) + 1} ({how}); "
+          f"final parameters in {ckpt_dir / 'final.pt'}")
+
+
+def write_outputs(out_root: Path, chapter: int, parts: dict, draw) -> None:
+    """results.json, the loss curves and the restart's log beside it, the figures, a summary."""
+    metrics = parts["metrics"]
+    with chapter_output(out_root, chapter) as out:
+        write_results(out, chapter, metrics, parts["provenance"])
+        if "restart" in parts:  # what resume.png and restart.png draw beyond results.json
+            write_figure_data(out, "resume.json", parts["curves"])
+            write_figure_data(out, "restart.json", {k: parts["restart"][k]
+                                                    for k in ("log", "started")})
+        names = draw_figures(out, draw)
+    print(summarize(metrics))
+    print(f"wrote {out_root / f'chapter{chapter:02d}'}/{{{', '.join(names)}, results.json}}")
