@@ -52,3 +52,13 @@ def test_every_chapter_script_is_found_with_its_number():
     scripts = bench.chapter_scripts()
     numbers = [bench.chapter_number(s) for s in scripts]
     assert numbers == sorted(numbers) and 3 in numbers
+
+
+def test_record_writes_the_times_the_workshop_guide_reads(tmp_path):
+    rows = [bench.Row(1, "chapter01_processes.py", 12.5), bench.Row(5, "chapter05_x.py", 48.0)]
+    path = bench.record(rows, {"01": 3.5, "05": 9.0}, root=tmp_path)
+    recorded = json.loads(path.read_text())
+    assert path == tmp_path / "figures" / "bench" / "results.json"
+    assert recorded["quick_seconds"] == {"01": 12.5, "05": 48.0}
+    assert recorded["quick_seconds_max"] == 48.0 and recorded["grading_seconds_max"] == 9.0
+    assert recorded["provenance"]["quick"] is True and recorded["provenance"]["git_commit"]

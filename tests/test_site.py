@@ -58,7 +58,7 @@ def test_results_notebook_is_executed_at_build_time(site):
 
 
 def test_placeholders_render_and_fail_loudly():
-    results = mkdocs_hooks.load_results(1)
+    results = mkdocs_hooks.load_results("01")
     value = results["replicas"]["seed_plus_rank"]["max_abs_diff"]
     assert mkdocs_hooks.render("result", "01", "replicas.seed_plus_rank.max_abs_diff", ".3g") \
         == format(value, ".3g")

@@ -9,17 +9,23 @@ flags every chapter over the limit.  A slow chapter is flagged, not failed: the 
 unless a chapter itself failed.
 
     python tools/bench.py [--limit 60] [extra flags for every chapter, e.g. --world-size 2]
+    python tools/bench.py --record     # also times grading each solution, and writes both to
+                                       # figures/bench/results.json (the workshop guide reads it)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,13 +99,59 @@ def run_all(scripts: list[Path], extra: list[str], scratch: Path) -> list[Row]:
     return rows
 
 
+def grading_seconds(root: Path = ROOT) -> dict[str, float]:
+    """Wall time of ``make grade-NN FILE=<the solution>`` for every chapter that has one, from
+    the command to its last line (Python's start included): what a participant waits."""
+    times = {}
+    for solution in sorted((root / "exercises" / "solutions").glob("chapter[0-9][0-9]_*.py")):
+        chapter = solution.name[7:9]
+        print(f"== grading {solution.name}", flush=True)
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "exercises.grader", chapter, str(solution)],
+                              cwd=root, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"error: grading {solution.name} failed: {proc.stdout[-500:]}")
+        times[chapter] = time.perf_counter() - start
+    return times
+
+
+def record(rows: list[Row], grading: dict[str, float], root: Path = ROOT) -> Path:
+    """figures/bench/results.json: the times with where they were measured."""
+    import torch  # only for the version: the chapters themselves ran in their own processes
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from ddplab.results import cpu_model, git_commit
+
+    path = root / "figures" / "bench" / "results.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "chapter": "bench",
+        "quick_seconds": {f"{r.chapter:02d}": r.seconds for r in rows},
+        "quick_seconds_max": max(r.seconds for r in rows if r.seconds is not None),
+        "grading_seconds": grading,
+        "grading_seconds_max": max(grading.values()),
+        "provenance": {"torch": torch.__version__, "python": platform.python_version(),
+                       "backend": "gloo", "device": cpu_model(), "world_size": 2,
+                       "launcher": "mp.spawn", "quick": True, "cpu_count": os.cpu_count(),
+                       "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                       "git_commit": git_commit()},
+    }, indent=1) + "\n")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=float, default=LIMIT_S, help="flag runs over this (s)")
+    parser.add_argument("--record", action="store_true",
+                        help="also time grading, and write figures/bench/results.json")
     args, extra = parser.parse_known_args(argv)
     with tempfile.TemporaryDirectory(prefix="ddplab-bench-") as scratch:
         rows = run_all(chapter_scripts(), extra, Path(scratch))
     print(table(rows, args.limit))
+    if args.record and exit_status(rows) == 0:
+        grading = grading_seconds()
+        print("grading a solution: " + ", ".join(f"{c} {t:.1f} s" for c, t in grading.items()))
+        print(f"wrote {record(rows, grading).relative_to(ROOT)}")
     return exit_status(rows)
 
 

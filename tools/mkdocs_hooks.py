@@ -31,7 +31,7 @@ from mkdocs.structure.files import File, Files
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "figures"
 NOTEBOOK_MATHJAX = '<script src="notebook-mathjax-removed-by-hook.js"> </script>'
-PLACEHOLDER = re.compile(r"\{\{\s*(result|provenance)\s+(\d{2})(?:\s+([^\s}]+))?"
+PLACEHOLDER = re.compile(r"\{\{\s*(result|provenance)\s+(\d{2}|bench)(?:\s+([^\s}]+))?"
                          r"(?:\s+([^\s}]+))?\s*\}\}")
 
 
@@ -53,7 +53,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
 
 def render(kind: str, chapter: str, key: str | None, spec: str | None) -> str:
-    results = load_results(int(chapter))
+    results = load_results(chapter)
     if kind == "provenance":
         return describe_provenance(results["provenance"])
     if key is None:
@@ -63,11 +63,15 @@ def render(kind: str, chapter: str, key: str | None, spec: str | None) -> str:
 
 
 @cache
-def load_results(chapter: int) -> dict:
-    path = FIGURES / f"chapter{chapter:02d}" / "results.json"
+def load_results(chapter: str) -> dict:
+    """``NN``: figures/chapterNN/results.json; ``bench``: figures/bench/results.json, the
+    --quick and grading times ``make bench ARGS=--record`` measured."""
+    folder, command = ((f"chapter{chapter}", f"make run-chapter{chapter}") if chapter.isdigit()
+                       else (chapter, "make bench ARGS=--record"))
+    path = FIGURES / folder / "results.json"
     if not path.exists():
         raise FileNotFoundError(f"{path.relative_to(ROOT)} does not exist: run "
-                                f"`make run-chapter{chapter:02d}` and commit its output")
+                                f"`{command}` and commit its output")
     return json.loads(path.read_text())
 
 
