@@ -22,6 +22,7 @@ from exercises.grader.chapters import SLUGS, learner_file, solution_file  # noqa
 
 WRONG = REPO / "exercises" / "wrong"
 CHAPTERS = sorted(SLUGS)
+CHAPTER_IDS = [f"ch{c:02d}" for c in CHAPTERS]  # `-k ch09` selects one chapter's tests
 
 # file in exercises/wrong/ -> {exercise: words its ✗ line must contain}
 MISTAKES = {
@@ -51,6 +52,14 @@ MISTAKES = {
                           "07.3": "it has no .sha256 file yet"},
     "ch07_no_python_rng": {"07.1": "the folder holds", "07.2": "random.getstate()"},
     "ch07_no_rng": {"07.2": "no generator continued", "07.3": "Sort by the step number"},
+    "ch09_no_divide": {"09.1": "2× torch's fp16 hook: did you divide by the world size?",
+                       "09.2": "add the residual before the cast"},
+    "ch09_returns_tensor": {"09.1": "returned a Tensor, not a torch.futures.Future",
+                            "09.2": "the residual has the wrong sign"},
+    "ch09_stays_fp16": {"09.1": "your Future holds torch.float16, the bucket is torch.float32",
+                        "09.2": "the residual is torch.float16"},
+    "ch09_no_write_back": {"09.1": "never went back into the bucket"},
+    "ch09_divides_first": {"09.1": "you divided in float32 before the cast"},
 }
 HANGS = {"ch01_checksum", "ch02_both_receive", "ch03_recv_first"}
 
@@ -72,7 +81,7 @@ def assert_no_rank_left() -> None:
     assert not alive, f"rank processes left running: {alive}"
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS)
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=CHAPTER_IDS)
 def test_solution_passes(chapter):
     verdicts = core.grade(solution_file(chapter), chapter)
     failed = [v.line() for v in verdicts if v.status != "ok"]
@@ -90,7 +99,7 @@ def test_a_correct_solution_built_differently_passes(name, chapter):
     assert not failed, "\n".join(failed)
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS)
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=CHAPTER_IDS)
 def test_stub_is_not_implemented_yet(chapter):
     verdicts = core.grade(learner_file(chapter), chapter)
     assert [v.status for v in verdicts] == ["todo"] * len(verdicts), \

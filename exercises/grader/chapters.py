@@ -7,7 +7,7 @@ from pathlib import Path
 
 EXERCISES_DIR = Path(__file__).resolve().parents[1]
 SLUGS = {1: "processes", 2: "collectives", 3: "ring_allreduce", 4: "hooks", 5: "data_parallel",
-         6: "bubbles", 7: "checkpointing"}
+         6: "bubbles", 7: "checkpointing", 9: "compression"}
 
 
 def learner_file(chapter: int) -> Path:
