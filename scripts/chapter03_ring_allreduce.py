@@ -38,6 +38,8 @@ from ddplab.fitting import non_negative_lstsq, weighted_r2
 from ddplab.ranks import point_to_point_context
 from ddplab.replot import draw_figures, replot, write_figure_data
 from ddplab.ring import SEGMENT_BYTES, RingStep, naive_all_reduce, ring_all_reduce
+from ddplab.ring_report import correctness_summary, goals
+from ddplab.ring_report import summarize as summary_with
 from figures import chapter03 as drawing
 from figures.chapter03 import bandwidth_text, label_bytes  # the figures' labels, in results too
 
@@ -325,41 +327,6 @@ def per_call_costs(fit: dict, segments: dict, world: int) -> dict:
             "per_message_ms": per_message, "once_per_call_ms": fixed}
 
 
-def goals(m: dict) -> dict:
-    """Issue 10's targets for the ring, as measured (a benchmark record, not a test)."""
-    at_1mib = m["ratio_ring_to_native_busbw"].get(str(MiB))
-    rows = {"latency_ratio_smallest": (m["smallest"]["ratio_ring_to_native_time"], "<=", 1.5),
-            "busbw_ratio_1mib": (at_1mib, ">=", 0.8),
-            "busbw_ratio_largest": (m["largest"]["ratio_ring_to_native_busbw"], ">=", 1.0)}
-    for name in ("ring", "native"):
-        fit = m["alpha_beta"][name]
-        rows[f"r2_{name}"] = (fit["r2"], ">=", 0.95)
-        rows[f"max_rel_err_{name}"] = (fit["max_rel_err"], "<=", 0.25)
-    met = lambda v, op, lim: v is not None and (v <= lim if op == "<=" else v >= lim)  # noqa: E731
-    return {k: {"value": v, "target": f"{op} {lim}", "met": met(v, op, lim)}
-            for k, (v, op, lim) in rows.items()}
-
-
-def correctness_summary(rows: list[dict], world: int) -> dict:
-    floats = [r for r in rows if r["dtype"] != "int64"]
-    sizes, dtypes = sorted({r["size"] for r in rows}), sorted({r["dtype"] for r in rows})
-    bitwise = all(r["bitwise_equal"] for r in floats)
-    return {
-        "checks": len(rows),
-        "passed": sum(r["within_bound"] for r in rows),
-        "sizes": sizes,
-        "dtypes": dtypes,
-        "sizes_text": ", ".join(map(str, sizes[:-1])) + f" and {sizes[-1]:,}",  # for the page
-        "dtypes_text": ", ".join(dtypes),
-        "floats_text": "bitwise identical" if bitwise else "within the bound, not bitwise equal",
-        "integers_exact": all(r["bitwise_equal"] for r in rows if r["dtype"] == "int64"),
-        "floats_bitwise_equal": all(r["bitwise_equal"] for r in floats),
-        "max_abs_diff_float32": max(r["max_abs_diff"] for r in floats if r["dtype"] == "float32"),
-        "failures": [r for r in rows if not r["within_bound"]],
-        "world_size": world,
-    }
-
-
 def segment_summary(seg: dict, times: dict, world: int) -> dict:
     size = seg["size"]
     rows = [{"segment_bytes": s, "segment_label": label_bytes(s) if s else "whole chunk",
@@ -413,36 +380,8 @@ def world_size_sweep(args, main_world: int, main_result: dict,
 
 # --- main -----------------------------------------------------------------------------------------
 
-def summarize(metrics: dict) -> str:
-    c = metrics["correctness"]
-    lines = [f"correct: {metrics['correct']} ({c['passed']}/{c['checks']} checks, sizes "
-             f"{c['sizes']}, {', '.join(c['dtypes'])})"]
-    one_rank = "one_rank" in metrics
-    lines.append("size        ring ms  native ms  naive ms" +
-                 ("" if one_rank else "   busbw ring/native/naive GB/s   ring/native"))
-    for s in metrics["sizes_bytes"]:
-        t = {n: metrics["time_ms"][n][str(s)] for n in IMPLS}
-        b = {n: metrics["busbw_gbps"][n][str(s)] for n in IMPLS}
-        line = f"{label_bytes(s):>8}  {t['ring']:8.3f}  {t['native']:9.3f}  {t['naive']:8.3f}"
-        if not one_rank:
-            line += (f"   {b['ring']:5.2f} / {b['native']:5.2f} / {b['naive']:5.2f}   "
-                     f"{metrics['ratio_ring_to_native_busbw'][str(s)]:10.2f}")
-        lines.append(line)
-    if one_rank:
-        lines.append(metrics["one_rank"])
-    for name, fit in metrics["alpha_beta"].items():
-        errors = " ".join(f"{e:+.0%}" for e in fit["rel_err"].values())
-        lines.append(f"alpha-beta-gamma {name:>6}: alpha = {fit['alpha_us']:.1f} us, "
-                     f"1/beta = {bandwidth_text(fit['beta_gbps'])}, weighted R^2 = "
-                     f"{fit['r2']:.3f}; model vs measured by size: {errors}")
-    lines.append(f"1/gamma (adding, measured alone) = {metrics['gamma_gbps']:.2f} GB/s; "
-                 f"size check (ring_all_reduce(check=True) only): "
-                 f"{metrics['size_check_us']:.0f} us per call")
-    for name, goal in metrics.get("goals", {}).items():
-        value = "n/a" if goal["value"] is None else f"{goal['value']:.3f}"
-        lines.append(f"goal {name:<24} {value:>7} (target {goal['target']}): "
-                     f"{'met' if goal['met'] else 'NOT met'}")
-    return "\n".join(lines)
+# the run on one screen, with the figures' own labels
+summarize = partial(summary_with, label_bytes=label_bytes, bandwidth_text=bandwidth_text)
 
 
 def parse_args(argv: list[str] | None = None):

@@ -26,7 +26,6 @@ results.json alone (scripts/figures/chapter06.py).
 from __future__ import annotations
 
 import io
-import os
 import sys
 
 import torch
@@ -42,7 +41,6 @@ import ddplab
 from ddplab import bubble_bench, hangs, stragglers, timeline
 from ddplab import bubble_report as report
 from ddplab.bubble_bench import mlp, native_ddp, rank_batch, record_timeline, sgd, wrapped
-from ddplab.launch import default_world_size, started_by_torchrun
 from ddplab.replot import draw_figures, replot
 from ddplab.syncbn_study import batchnorm_vs_syncbn, syncbn_timeline
 from ddplab.timing import compare, median, slowest_rank, synchronize
@@ -411,26 +409,12 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
 
 
 # --- command line, and the files (drawing: scripts/figures/chapter06.py) ----------------------
-# results.json and the summary: scripts/ddplab/bubble_report.py.
+# flags, results.json and the summary: scripts/ddplab/bubble_report.py.
 
 def parse_args(argv: list[str] | None = None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter06_bubbles.py")
-    parser.add_argument("--delays", default=None, metavar="MS,MS,...",
-                        help="delays to inject on the late rank, in ms (default: "
-                             f"{','.join(map(str, DELAYS['full']))}; with --quick "
-                             f"{','.join(map(str, DELAYS['quick']))})")
-    parser.add_argument("--slow-rank", type=int, default=None, metavar="R",
-                        help="which rank is late (default: the last one)")
-    args = ddplab.parse_chapter_args(parser, argv)
-    args.delays = report.parse_delays(args.delays, DELAYS["quick" if args.quick else "full"])
-    world = (int(os.environ["WORLD_SIZE"]) if started_by_torchrun()
-             else args.world_size or default_world_size())
-    if world < 2 and not args.replot:
-        raise ddplab.UsageError("chapter 06 needs at least 2 ranks (--world-size 2): "
-                                "a bubble is one rank waiting for another")
-    if args.slow_rank is not None and not 0 <= args.slow_rank < world:
-        raise ddplab.UsageError(f"--slow-rank {args.slow_rank}: ranks are 0..{world - 1}")
-    return args
+    report.add_flags(parser, DELAYS)
+    return report.checked_args(ddplab.parse_chapter_args(parser, argv), DELAYS)
 
 
 def main(argv: list[str] | None = None) -> dict | None:

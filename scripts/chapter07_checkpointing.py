@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -53,7 +51,6 @@ from ddplab import checkpoint_pitfalls as pitfalls
 from ddplab import checkpoint_report as report
 from ddplab import torchrun_restart
 from ddplab.checkpoint_pitfalls import max_abs_diff
-from ddplab.launch import started_by_torchrun
 from ddplab.replot import replot
 from ddplab.timing import slowest_rank
 from ddplab.torchrun_restart import EventLog, restart_count
@@ -389,15 +386,9 @@ def run_chapter(args, work: Path) -> dict:
         return {}
     reference, provenance = run.result, run.provenance
     ref_params = reference["params"]
-    good = ck.latest_checkpoint(work / "reference" / "torch")
-    metrics = {"config": asdict(cfg),
-               "uninterrupted": {"replica_diff": reference["replica_diff"]},
-               **report.save_costs(reference, work, provenance["world_size"]),
-               "pitfalls": reference["pitfalls"]}
     smaller = make_model(cfg, hidden=cfg.hidden // 2)  # a checkpoint of another model
-    metrics["bad_input"] = pitfalls.bad_input_demo(good, work, smaller)
-    metrics["corrupt_file_error"] = metrics["bad_input"]["corrupted"]
-    metrics["atomic"] = pitfalls.atomic_crash_demo(work)
+    metrics = report.reference_metrics(asdict(cfg), reference, work, provenance["world_size"],
+                                       smaller)  # with the bad-input and atomic-save demos
     curves = {"uninterrupted": reference["losses"]}
 
     if provenance["launcher"] == "torchrun":
@@ -445,12 +436,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.train:  # one run, checkpoints in --ckpt-dir; rank 0 leaves final.pt there
         run = launch(args, "train")
         return None if run is None else report.write_final(run, Path(args.ckpt_dir))
-    work, temporary = report.work_directory(args)
-    try:
+    with report.work_directory_for(args) as work:  # removed at the end unless --ckpt-dir
         parts = run_chapter(args, work)
-    finally:
-        if temporary and (not started_by_torchrun() or os.environ.get("RANK") == "0"):
-            shutil.rmtree(work, ignore_errors=True)
     if not parts:  # a non-zero rank under torchrun
         return None
     metrics = parts["metrics"]

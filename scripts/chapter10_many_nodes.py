@@ -20,7 +20,6 @@ Writes figures/chapter10/{links.png, projection.png, results.json} (or under --o
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import signal
@@ -36,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddplab
 from ddplab import costmodel, netns, timing
+from ddplab import nodes_report as report
 from ddplab.launch import RankFailed
 from ddplab.models import ResidualMLP
 from ddplab.replot import draw_figures, replot
@@ -398,26 +398,7 @@ def ask(args, cal: dict, grad_bytes: int) -> dict:
 
 def parse_args(argv: list[str] | None = None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter10_many_nodes.py")
-    parser.add_argument("--gpus", type=ddplab.positive(int), default=None,
-                        help="also predict a step on this many GPUs")
-    parser.add_argument("--link", choices=sorted(costmodel.LINKS), default="ib-ndr",
-                        help="the link between nodes, for --gpus (default: ib-ndr)")
-    parser.add_argument("--per-node", type=ddplab.positive(int), default=8,
-                        help="GPUs per node, for --gpus (default: 8)")
-    parser.add_argument("--algo", choices=("ring", "tree"), default="ring",
-                        help="all-reduce across nodes, for --gpus (default: ring)")
-    parser.add_argument("--node-budget", type=ddplab.positive(float), default=300.0,
-                        help="seconds the two-node run may take in all (default: 300)")
-    parser.add_argument("--failover", action=argparse.BooleanOptionalAction, default=None,
-                        help="kill a node mid-training and resume (default: on, off with --quick)")
-    hidden = {"help": argparse.SUPPRESS}
-    # tests: node b dies this many seconds after the first phase started
-    parser.add_argument("--kill-node-after", type=float, default=None, **hidden)
-    parser.add_argument("--node-worker", action="store_true", **hidden)
-    parser.add_argument("--nodes", type=int, default=1, **hidden)
-    parser.add_argument("--phases", default="loopback", **hidden)
-    parser.add_argument("--phase-dir", default=None, **hidden)
-    parser.add_argument("--node-result", default=None, **hidden)
+    report.add_flags(parser)  # --gpus, --link, ..., and the hidden ones of a node's ranks
     return ddplab.parse_chapter_args(parser, argv)
 
 
@@ -451,16 +432,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         ddplab.write_results(out, CHAPTER, metrics, one["provenance"])
         draw_figures(out, drawing.draw)
-    for name, row in metrics["validation"]["runs"].items():
-        print(f"{name:>14}: measured {row['measured_ms']:8.1f} ms (compute "
-              f"{row['compute_ms']:.1f}), predicted {row['predicted_ms']:8.1f} ms, "
-              f"error {row['rel_error']:.0%}; from its own all-reduce timings "
-              f"{row['predicted_own_allreduce_ms']:.1f} ms ({row['rel_error_own_allreduce']:.0%})")
-    if two and "failover" in two:
-        f = two["failover"]
-        print(f"failover: node b killed, relaunched; resumed from step {f['resumed_from_step']}"
-              f" (torchrun restart {f['attempt']}); max |Δparam| vs uninterrupted = "
-              f"{f['max_abs_diff']:g}")
+    print(report.summarize(metrics))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/")
     return metrics
 

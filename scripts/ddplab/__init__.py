@@ -2,6 +2,7 @@
 
     devices.py   --device/--backend: which backend, which device each rank computes on
     launch.py    run a function on N ranks (mp.spawn or torchrun), clean failures
+    entry.py     a chapter's main: every failure as one clear last line and an exit code
     stopping.py  every exit path (error, hang, Ctrl-C, SIGTERM) ends every process it started
     ranks.py     who am I: RankContext, get("rank"), seeding, progress bars
     cli.py       the flags every chapter shares, bad input as one clear line
@@ -26,7 +27,8 @@
 from .bucketed_ddp import BucketedDDP
 from .cli import UsageError, chapter_parser, parse_chapter_args, positive
 from .devices import Placement, place
-from .launch import RankFailed, Run, check_rank, launch, run_main
+from .entry import run_main
+from .launch import RankFailed, Run, check_rank, launch
 from .naive_ddp import NaiveDDP
 from .ranks import RankContext, get, progress, seed_everything
 from .results import chapter_output, read_results, write_results

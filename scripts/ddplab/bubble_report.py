@@ -1,6 +1,6 @@
 """Chapter 06's launching process: rank 0's measurements turned into results.json, and a summary.
 
-* ``parse_delays``: the --delays flag;
+* ``add_flags``, ``checked_args``: the chapter's own flags (--delays, --slow-rank), checked;
 * ``summarize_sweep``: a straggler sweep's step times and idle times, and the fitted slopes;
 * ``chapter_metrics``: results.json (what the page and scripts/figures/chapter06.py read);
 * ``summarize``: the results on one screen.
@@ -9,11 +9,37 @@ The measurements themselves stay in scripts/chapter06_bubbles.py.
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import asdict
 
 from . import stragglers
 from .cli import UsageError
+from .devices import default_world_size
+from .launch import started_by_torchrun
+
+
+def add_flags(parser, delays: dict) -> None:
+    """--delays and --slow-rank (``delays``: the default delays, "quick" and "full")."""
+    parser.add_argument("--delays", default=None, metavar="MS,MS,...",
+                        help="delays to inject on the late rank, in ms (default: "
+                             f"{','.join(map(str, delays['full']))}; with --quick "
+                             f"{','.join(map(str, delays['quick']))})")
+    parser.add_argument("--slow-rank", type=int, default=None, metavar="R",
+                        help="which rank is late (default: the last one)")
+
+
+def checked_args(args, delays: dict):
+    """The parsed flags, with --delays as numbers; refuse 1 rank and a --slow-rank outside it."""
+    args.delays = parse_delays(args.delays, delays["quick" if args.quick else "full"])
+    world = (int(os.environ["WORLD_SIZE"]) if started_by_torchrun()
+             else args.world_size or default_world_size())
+    if world < 2 and not args.replot:
+        raise UsageError("chapter 06 needs at least 2 ranks (--world-size 2): "
+                         "a bubble is one rank waiting for another")
+    if args.slow_rank is not None and not 0 <= args.slow_rank < world:
+        raise UsageError(f"--slow-rank {args.slow_rank}: ranks are 0..{world - 1}")
+    return args
 
 
 def parse_delays(text: str | None, default: list[float]) -> list[float]:

@@ -1,21 +1,27 @@
 """Chapter 07's launching process: what it does around the runs, not the runs themselves.
 
-Where the runs keep their checkpoints, the checks on the command line, the record each run
-hands back (``run_record``, on every rank), the costs of a save read off the uninterrupted
-run, the one-screen summary, and the file ``--train`` leaves behind.
+Where the runs keep their checkpoints (removed at the end if temporary), the checks on the
+command line, the record each run hands back (``run_record``, on every rank), the costs of a
+save and the rest of the uninterrupted run's results, the one-screen summary, and the file
+``--train`` leaves behind.
 The story (train, save, resume, crash, restart) stays in scripts/chapter07_checkpointing.py.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from ddplab import checkpoint as ck
 from ddplab import checkpoint_dcp as dcpck
+from ddplab import checkpoint_pitfalls as pitfalls
 from ddplab import timing
 from ddplab.checkpoint_pitfalls import max_abs_diff
 from ddplab.cli import UsageError
@@ -69,6 +75,34 @@ def work_directory(args) -> tuple[Path, bool]:
     if started_by_torchrun():
         return Path(tempfile.gettempdir()) / f"ddplab-ch07-torchrun-{os.getppid()}", True
     return Path(tempfile.mkdtemp(prefix="ddplab-ch07-")), True
+
+
+@contextmanager
+def work_directory_for(args) -> Iterator[Path]:
+    """``work_directory``, deleted at the end when it is a temporary one (under torchrun, by
+    rank 0 only: the ranks share it)."""
+    work, temporary = work_directory(args)
+    try:
+        yield work
+    finally:
+        if temporary and (not started_by_torchrun() or os.environ.get("RANK") == "0"):
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def reference_metrics(config: dict, reference: dict, work: Path, world_size: int,
+                      smaller) -> dict:
+    """results.json's first part: the uninterrupted run, what a save costs, the pitfalls, then
+    what loading bad input says (``smaller``: a model the checkpoint does not fit) and the
+    atomic-save demo."""
+    good = ck.latest_checkpoint(work / "reference" / "torch")
+    metrics = {"config": config,
+               "uninterrupted": {"replica_diff": reference["replica_diff"]},
+               **save_costs(reference, work, world_size),
+               "pitfalls": reference["pitfalls"]}
+    metrics["bad_input"] = pitfalls.bad_input_demo(good, work, smaller)
+    metrics["corrupt_file_error"] = metrics["bad_input"]["corrupted"]
+    metrics["atomic"] = pitfalls.atomic_crash_demo(work)
+    return metrics
 
 
 def run_record(ctx, model, losses, seen, saves, resumed) -> dict:

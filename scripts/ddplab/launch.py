@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from . import stopping
-from .cli import UsageError, show_warnings_as_one_line
+from .cli import UsageError
 from .devices import Placement, default_world_size, place, usable_cores
 from .ranks import RankContext, seed_everything
 from .results import provenance
@@ -212,14 +212,6 @@ def _root_cause(scratch: Path, rank: int, *, died: str | None = None,
     return RankFailed(first["rank"], first["summary"], first["traceback"])
 
 
-def _timeout_hint(summary: str) -> str:
-    """A collective that timed out names the rank that waited, not the one that never came."""
-    if "timed out" not in summary.lower():
-        return ""
-    return (" — another rank did not arrive within --timeout (it hung, froze or is too slow: "
-            "look at what it was doing, or raise --timeout)")
-
-
 def _is_follow_on(summary: str) -> bool:
     return "Connection closed by peer" in summary or "Connection reset by peer" in summary
 
@@ -317,34 +309,3 @@ def _one_line(err: BaseException) -> str:
     """'ValueError: first line of the message' — the line a reader sees last."""
     lines = str(err).strip().splitlines()
     return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
-
-
-def run_main(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> int:
-    """Run a chapter's ``main`` and turn failures into one clear last line and an exit code."""
-    show_warnings_as_one_line()
-    if not started_by_torchrun():  # a rank under torchrun leaves SIGTERM to torchrun
-        stopping.stop_on_sigterm()
-    try:
-        main(argv)
-    except RankFailed as err:
-        if err.details:
-            sys.stderr.write(f"\n--- traceback from rank {err.rank} ---\n{err.details}\n")
-        return _last_line(f"error: {err}{_timeout_hint(str(err))}", 1)
-    except UsageError as err:
-        return _last_line(f"error: {err}", 2)
-    except stopping.Stopped as err:
-        return _last_line(f"error: {err}; every rank was stopped", err.exit_code)
-    except KeyboardInterrupt:
-        return _last_line("error: interrupted (Ctrl-C); every rank was stopped", 130)
-    if started_by_torchrun():
-        exit_without_teardown(0)  # this process is a rank: the same teardown risk as above
-    return 0
-
-
-def _last_line(message: str, code: int) -> int:
-    """Print ``message`` after anything else this run has to say (the resource tracker's
-    warnings about what a killed rank left), so that it is the line the reader sees last."""
-    stopping.flush_resource_tracker()
-    sys.stdout.flush()
-    print(message, file=sys.stderr)
-    return code
