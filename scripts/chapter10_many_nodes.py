@@ -256,12 +256,12 @@ def failover(args, scratch: Path) -> dict:
         wait_until(lambda: node_a.poll() is not None, deadline, "the resumed run's end")
         if node_a.returncode != 0:
             raise node_failure_from(scratch / "fail-a.log", "failover")
+    # --8<-- [end:failover]
     final = torch.load(ckpt / "final.pt", weights_only=True)
     ref = torch.load(reference / "final.pt", weights_only=True)
     return {"resumed_from_step": final["resumed_from"], "attempt": final["attempt"],
             "max_abs_diff": (final["params"] - ref["params"]).abs().max().item(),
             "recovery_s": time.monotonic() - killed_at, "link_mbit": FAILOVER_MBIT}
-# --8<-- [end:failover]
 
 
 def node_failure_from(log_path: Path, what: str) -> NodeFailed:

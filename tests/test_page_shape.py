@@ -1,7 +1,7 @@
 """The shape every chapter page promises a learner (issue 18): a learn/need box, a summary,
 questions with collapsed answers, listings that show an idea (<= 30 lines), drawn diagrams that
 exist.  Every chapter page, the ones still to come included.  Solutions to the exercises are
-listings of a whole answer, and may be longer."""
+listings of a whole answer, and the cluster recipes whole files to copy: they may be longer."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ def test_page_has_the_learners_scaffolding(page):
 def test_listings_show_an_idea_not_a_file(page):
     text = (REPO / "docs" / "chapters" / page).read_text()
     for path, name in SNIPPET.findall(text):
-        if path.startswith("exercises/solutions/"):
-            continue
+        if path.startswith(("exercises/solutions/", "recipes/")):
+            continue  # a whole answer, or a whole file to copy onto a cluster
         lines = section_lines(path, name)
         assert len(lines) <= MAX_LISTING_LINES, f"{page}: {path}:{name} is {len(lines)} lines"
 
@@ -47,3 +47,12 @@ def test_every_figure_on_the_page_exists(page):
     text = (REPO / "docs" / "chapters" / page).read_text()
     for figure in re.findall(r"\]\(\.\./figures/([^)]+\.png)\)", text):
         assert (REPO / "figures" / figure).is_file(), figure
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_listing_sits_in_a_code_fence(page):
+    """An include outside a fence renders as a paragraph of run-together code."""
+    lines = (REPO / "docs" / "chapters" / page).read_text().splitlines()
+    for i, line in enumerate(lines):
+        if SNIPPET.search(line) and line.strip().startswith("--8<--"):
+            assert lines[i - 1].strip().startswith("```"), f"{page}:{i + 1}: {line.strip()}"
