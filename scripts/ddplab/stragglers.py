@@ -70,9 +70,10 @@ def timed_allreduce_hook(timeline: Timeline) -> Callable:
         group = state if state is not None else dist.group.WORLD
         grads = bucket.buffer().div_(dist.get_world_size(group))  # average = sum of grad / N
         future = dist.all_reduce(grads, group=group, async_op=True).get_future()
+        name = f"bucket {bucket.index()}"  # now: native's bucket object is gone when record runs
 
         def record(done: torch.futures.Future) -> torch.Tensor:
-            timeline.add(f"bucket {bucket.index()}", "comm", start, timeline.now(),
+            timeline.add(name, "comm", start, timeline.now(),
                          bytes=grads.numel() * grads.element_size())
             return done.value()[0]
         return future.then(record)
