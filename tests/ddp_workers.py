@@ -158,6 +158,12 @@ def against_native(make_model, wrap, steps: int = 4, accumulate: int = 1,
     of parameters and buffers on every rank (and, with ``evaluate``, of an eval-mode output
     under no_grad after training, which BatchNorm computes from its running statistics)."""
     ours, native, data, _ = train_pair(make_model, wrap, native_kwargs or {}, steps, accumulate)
+    return max_over_ranks(worst_difference(ours, native, data, evaluate))
+
+
+def worst_difference(ours, native, data, evaluate: bool) -> float:
+    """Max |Δ| of parameters and buffers on this rank; with ``evaluate``, of an eval-mode
+    output under no_grad too (BatchNorm computes it from its running statistics)."""
     worst = max_diff(ours.module, native.module)
     if evaluate:
         outputs = []
@@ -166,7 +172,7 @@ def against_native(make_model, wrap, steps: int = 4, accumulate: int = 1,
             with torch.no_grad():
                 outputs.append(w(data[0][0]))
         worst = max(worst, (outputs[0] - outputs[1]).abs().max().item())
-    return max_over_ranks(worst)
+    return worst
 
 
 def layout_of(wrapped) -> list[list[str]] | None:
@@ -271,16 +277,8 @@ def bitwise_cases(ctx, args) -> dict:
         ours, native, data, layouts = train_pair(
             make_model, lambda m, cap=cap, extra=extra: BucketedDDP(m, cap, **extra),
             native_kwargs, accumulate=micro)
-        worst = max_diff(ours.module, native.module)
-        if evaluate:
-            outputs = []
-            for w in (ours, native):
-                w.eval()
-                with torch.no_grad():
-                    outputs.append(w(data[0][0]))
-            worst = max(worst, (outputs[0] - outputs[1]).abs().max().item())
         results[name] = {
-            "max_diff": max_over_ranks(worst),
+            "max_diff": max_over_ranks(worst_difference(ours, native, data, evaluate)),
             "layouts": {when: {"ours": a, "native": b} for when, (a, b) in layouts.items()},
             "layouts_differ_on_some_rank": max_over_ranks(float(any(
                 a != b for a, b in layouts.values()))),
