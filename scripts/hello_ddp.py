@@ -15,6 +15,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # now, before any group exists (why: section 5 of its page)
 import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP

@@ -64,3 +64,32 @@ def test_hello_ddp_trains_saves_and_leaves_nothing_running(launcher, tmp_path):
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
     model.load_state_dict(state)  # saved from model.module: no "module." prefix in the keys
     assert all(torch.isfinite(t).all() for t in state.values())
+
+
+# One rank trains in a fresh interpreter and counts its threads: after train()'s finally, the
+# group's threads (gloo's workers and its socket loop) must be gone.  If torch.distributed.nn
+# were first imported by DDP, after init_process_group, its functions' default argument
+# group=group.WORLD would keep the group alive and its threads with it, into Python's shutdown.
+ONE_RANK_COUNTS_ITS_THREADS = """
+import os, sys
+sys.path.insert(0, "scripts")
+import hello_ddp
+import torch
+threads = lambda: len(os.listdir("/proc/self/task"))
+torch.randn(512, 512) @ torch.randn(512, 512)  # starts torch's own pool of compute threads
+before = threads()
+hello_ddp.train(sys.argv[1], epochs=1)
+print("threads", before, threads())
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
+def test_leaving_the_group_ends_its_threads(tmp_path):
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}
+    run = subprocess.run([sys.executable, "-c", ONE_RANK_COUNTS_ITS_THREADS,
+                          str(tmp_path / "one.pt")], cwd=REPO, env=env, text=True,
+                         capture_output=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    before, after = map(int, re.search(r"threads (\d+) (\d+)", run.stdout).groups())
+    assert after == before, f"{after - before} thread(s) of the group outlived it"

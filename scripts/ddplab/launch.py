@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # before any group exists: see exit_without_teardown
 import torch.multiprocessing as mp
 
 from . import stopping
@@ -178,11 +179,14 @@ def exit_without_teardown(code: int) -> None:
     What a normal exit does first still happens: threads the worker left running (a writer
     thread, say) are waited for, and the ``atexit`` handlers run (they flush logs and release
     what ``multiprocessing`` made, such as tqdm's lock).  What is skipped is the teardown.  A
-    rank's teardown can crash, rarely (one of this book's CI runs, none of dozens of runs by
-    hand): ``terminate called without an active exception``, SIGABRT, after the work was done.
-    Our reading, after pytorch#179291: a process group's C++ thread lets go of a tensor during
-    the teardown and needs the GIL, which a shutting-down Python refuses by ending the thread,
-    which C++ turns into ``std::terminate``.
+    rank's teardown can crash, rarely: ``terminate called without an active exception``,
+    SIGABRT, after the work was done (pytorch#190489).  A process group's C++ thread lets go
+    of a tensor during the teardown and needs the GIL, which a shutting-down Python refuses by
+    ending the thread, which C++ turns into ``std::terminate``.  The thread is still there
+    because the group outlived ``destroy_process_group``: ``torch.distributed.nn``'s functions
+    take ``group=group.WORLD`` as a default, evaluated when the module is imported, and DDP
+    imports it (through ``torch._dynamo``).  So this module imports it first, before any group
+    exists; skipping the teardown also covers whatever else might keep a group alive.
     """
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
