@@ -46,46 +46,54 @@ def make_data(n: int = 2048) -> TensorDataset:
 # --8<-- [end:data]
 
 
-def train(checkpoint: str, epochs: int = 5) -> None:
+def train(device: torch.device, checkpoint: str, epochs: int = 5) -> None:
+    """This rank's share of the training; rank 0 saves the model at the end."""
+    # --8<-- [start:model]
+    data = make_data()
+    # This rank's 1/N of the data; drop_last=True: equal shares, never padded (training).
+    sampler = DistributedSampler(data, shuffle=True, seed=0, drop_last=True)
+    loader = DataLoader(data, batch_size=32, sampler=sampler)
+    torch.manual_seed(0)  # same initial weights everywhere (DDP also copies rank 0's)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
+    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
+    # --8<-- [end:model]
+    # --8<-- [start:loop]
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one on every rank
+        total = torch.zeros(2, device=device)  # sum of batch losses, number of batches
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            loss = nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()  # DDP all-reduces the gradients while backward runs
+            optimizer.step()  # identical gradients, identical step: replicas stay equal
+            total += torch.stack([loss.detach(), torch.ones((), device=device)])
+        dist.all_reduce(total)  # sum over all ranks: the mean loss of the whole epoch
+        if dist.get_rank() == 0:
+            print(f"epoch {epoch}: mean loss {(total[0] / total[1]).item():.4f}")
+    if dist.get_rank() == 0:  # one writer; model.module is the model DDP wraps
+        torch.save(model.module.state_dict(), checkpoint)
+        print(f"saved {checkpoint}")
+    # --8<-- [end:loop]
+
+
+# --8<-- [start:main]
+def main(checkpoint: str) -> None:
+    """One rank's life: join the group, train, leave the group (even after an error)."""
     device = setup()
     try:
-        # --8<-- [start:model]
-        data = make_data()
-        # This rank's 1/N of the data; drop_last=True: equal shares, never padded (training).
-        sampler = DistributedSampler(data, shuffle=True, seed=0, drop_last=True)
-        loader = DataLoader(data, batch_size=32, sampler=sampler)
-        torch.manual_seed(0)  # same initial weights everywhere (DDP also copies rank 0's)
-        model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
-        # --8<-- [end:model]
-        # --8<-- [start:loop]
-        for epoch in range(epochs):
-            sampler.set_epoch(epoch)  # a new shuffle every epoch, the same one on every rank
-            total = torch.zeros(2, device=device)  # sum of batch losses, number of batches
-            for x, y in loader:
-                x, y = x.to(device), y.to(device)
-                loss = nn.functional.mse_loss(model(x), y)
-                optimizer.zero_grad()
-                loss.backward()  # DDP all-reduces the gradients while backward runs
-                optimizer.step()  # identical gradients, identical step: replicas stay equal
-                total += torch.stack([loss.detach(), torch.ones((), device=device)])
-            dist.all_reduce(total)  # sum over all ranks: the mean loss of the whole epoch
-            if dist.get_rank() == 0:
-                print(f"epoch {epoch}: mean loss {(total[0] / total[1]).item():.4f}")
-        if dist.get_rank() == 0:  # one writer; model.module is the model DDP wraps
-            torch.save(model.module.state_dict(), checkpoint)
-            print(f"saved {checkpoint}")
-        # --8<-- [end:loop]
-    finally:
-        dist.destroy_process_group()  # leave the group, even after an error
+        train(device, checkpoint)
+    finally:  # train() has returned, so its DDP, which holds the group too, is gone
+        dist.destroy_process_group()
+# --8<-- [end:main]
 
 
 # --8<-- [start:launch]
 def spawned(rank: int, world_size: int, checkpoint: str) -> None:
     """Started by mp.spawn: set by hand what torchrun would have put in the environment."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
-    train(checkpoint)
+    main(checkpoint)
 
 
 def free_port() -> int:
@@ -97,7 +105,7 @@ def free_port() -> int:
 if __name__ == "__main__":
     checkpoint = sys.argv[1] if len(sys.argv) > 1 else "hello_ddp.pt"
     if "RANK" in os.environ:  # torchrun started this process: it is already one rank
-        train(checkpoint)
+        main(checkpoint)
     else:  # plain python: start 2 ranks on this machine
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         mp.spawn(spawned, args=(2, checkpoint), nprocs=2)

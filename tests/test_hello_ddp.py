@@ -66,7 +66,7 @@ def test_hello_ddp_trains_saves_and_leaves_nothing_running(launcher, tmp_path):
     assert all(torch.isfinite(t).all() for t in state.values())
 
 
-# One rank trains in a fresh interpreter and counts its threads: after train()'s finally, the
+# One rank trains in a fresh interpreter and counts its threads: after main()'s finally, the
 # group's threads (gloo's workers and its socket loop) must be gone.  If torch.distributed.nn
 # were first imported by DDP, after init_process_group, its functions' default argument
 # group=group.WORLD would keep the group alive and its threads with it, into Python's shutdown.
@@ -78,7 +78,7 @@ import torch
 threads = lambda: len(os.listdir("/proc/self/task"))
 torch.randn(512, 512) @ torch.randn(512, 512)  # starts torch's own pool of compute threads
 before = threads()
-hello_ddp.train(sys.argv[1], epochs=1)
+hello_ddp.main(sys.argv[1])
 print("threads", before, threads())
 """
 

@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn  # before any group exists: see exit_without_teardown
 import torch.multiprocessing as mp
 
 from . import stopping
@@ -184,9 +183,11 @@ def exit_without_teardown(code: int) -> None:
     of a tensor during the teardown and needs the GIL, which a shutting-down Python refuses by
     ending the thread, which C++ turns into ``std::terminate``.  The thread is still there
     because the group outlived ``destroy_process_group``: ``torch.distributed.nn``'s functions
-    take ``group=group.WORLD`` as a default, evaluated when the module is imported, and DDP
-    imports it (through ``torch._dynamo``).  So this module imports it first, before any group
-    exists; skipping the teardown also covers whatever else might keep a group alive.
+    take ``group=group.WORLD`` as a default, evaluated when DDP imports the module (through
+    ``torch._dynamo``).  Importing it first would let the group die, but here not safely: a
+    comm hook's future callback can hold the group, and if the group's own thread drops that
+    last reference, the thread joins itself (our reading of the abort CI showed when we tried:
+    ``std::system_error``, "Resource deadlock avoided").  Skipping the teardown avoids both.
     """
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
