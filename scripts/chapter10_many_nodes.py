@@ -288,13 +288,8 @@ def raise_on_sigterm() -> None:
 
 # --- the model: calibrated, checked against the link, projected -------------------------------
 
-REFERENCE = {"alpha_us": 219.2, "beta_gbps": 1.244, "compute_ms": 23.96,
-             "source": "the committed reference run (figures/ at commit 2960f4c)"}
-
-
 def calibration(out: Path) -> dict:
     """α and β from chapter 03, compute from chapter 05: the reader's runs, else the committed."""
-    cal = dict(REFERENCE)
     for where, root in (("your run", out), ("the committed run", ddplab.results.REPO_ROOT
                                              / "figures")):
         try:
@@ -308,7 +303,10 @@ def calibration(out: Path) -> dict:
             continue  # missing, or keys of another shape (chapter 03's keys may change)
         return {"alpha_us": alpha, "beta_gbps": float(beta), "compute_ms": compute,
                 "source": f"chapters 03 and 05, {where} ({root})"}
-    return cal
+    raise ddplab.UsageError(
+        "the cost model needs chapter 03's alpha-beta fit (a full run, not --quick) and "
+        f"chapter 05's step time, and found neither in {out} nor in the committed figures/: "
+        "run `make run-chapter03 run-chapter05` first (or `git checkout figures/`)")
 
 
 # --8<-- [start:predict_link]
@@ -411,6 +409,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         ddplab.launch(worker, args)
         return None
     raise_on_sigterm()
+    cal = calibration(args.out)  # before the runs: a missing calibration is a one-line error
     one = one_node(args, "loopback")
     two, reason = None, netns.unavailable_reason()
     if reason:
@@ -420,7 +419,6 @@ def main(argv: list[str] | None = None) -> dict | None:
             two = run_two_nodes(args, list(RATES), Path(scratch))
             if args.failover or (args.failover is None and not args.quick):
                 two["failover"] = failover(args, Path(scratch))
-    cal = calibration(args.out)
     grad_bytes = one["result"]["phases"]["loopback"]["grad_bytes"]
     metrics = {"two_nodes": two is not None, "skipped_reason": reason,
                "one_node": one["result"], "two_node": two, "calibration": cal,

@@ -80,7 +80,7 @@ def test_bucket_sizes_add_up():
 
 
 def test_projection_scales_worse_on_slower_links_and_more_gpus():
-    cal = dict(ch10.REFERENCE)
+    cal = ch10.calibration(Path("/nonexistent"))  # the committed runs of chapters 03 and 05
     curves = ch10.project(cal, book_grad_bytes=8 * MiB)
     for name in ("book", "1B", "7B"):
         ib, eth = curves[f"{name}_ib-ndr"], curves[f"{name}_eth-100g"]
@@ -99,15 +99,14 @@ def test_calibration_reads_the_committed_run():
     assert "committed run" in cal["source"]
 
 
-def test_calibration_falls_back_when_keys_change(tmp_path, monkeypatch):
-    # chapter 03's results in another shape (its keys may change): no crash, the reference
+def test_calibration_found_nowhere_is_a_clear_error_not_typed_numbers(tmp_path, monkeypatch):
+    # chapter 03's results in another shape (its keys may change), and no committed figures
     for chapter, payload in ((3, {"fit": {"alpha": 1}}), (5, {"step_time_ms": {}})):
         (tmp_path / f"chapter{chapter:02d}").mkdir()
         (tmp_path / f"chapter{chapter:02d}" / "results.json").write_text(json.dumps(payload))
     monkeypatch.setattr(ch10.ddplab.results, "REPO_ROOT", tmp_path / "nowhere")
-    cal = ch10.calibration(tmp_path)
-    assert cal == ch10.REFERENCE
-    assert "reference run" in cal["source"]
+    with pytest.raises(ch10.ddplab.UsageError, match="run `make run-chapter03 run-chapter05`"):
+        ch10.calibration(tmp_path)
 
 
 def test_committed_link_bound_prediction_is_within_15_percent():
