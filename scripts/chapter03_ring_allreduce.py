@@ -3,13 +3,14 @@
 Builds an all-reduce out of point-to-point messages (``ddplab.ring_all_reduce``: a
 reduce-scatter phase, then an all-gather phase), checks it against ``dist.all_reduce`` for many
 sizes and dtypes, records which chunk moves where at every step, and times it against
-``dist.all_reduce`` and a naive gather-to-rank-0 all-reduce from 4 KiB to 64 MiB: medians,
-algorithm and bus bandwidth as nccl-tests defines them, and the alpha-beta cost model fitted to
-each.  Then it varies the segment size, and (when it starts the ranks itself) the world size.
+``dist.all_reduce`` and a naive gather-to-rank-0 all-reduce from 4 KiB to 64 MiB (10th
+percentiles over the rounds), algorithm and bus bandwidth as nccl-tests defines them, and the
+alpha-beta cost model fitted to each.  Then it varies the segment size, and (when it starts
+the ranks itself) the world size.
 
 Run it:
     python scripts/chapter03_ring_allreduce.py                  # 2 CPU ranks, started by mp.spawn
-    python scripts/chapter03_ring_allreduce.py --quick          # 4 KiB … 16 MiB, few rounds
+    python scripts/chapter03_ring_allreduce.py --quick          # 4 KiB … 16 MiB, fewer rounds
     python scripts/chapter03_ring_allreduce.py --world-size 4
     torchrun --standalone --nproc-per-node 2 scripts/chapter03_ring_allreduce.py  # no N sweep
     make run-chapter03
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 import sys
 from functools import partial
 
@@ -47,8 +49,8 @@ CHAPTER = 3
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = [4 * KiB * 2**i for i in range(15)]  # 4 KiB … 64 MiB
 QUICK_SIZES = [4 * KiB * 4**i for i in range(7)]  # 4 KiB … 16 MiB: enough for β to show
-SEGMENTS = [64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, None]  # None: one per chunk
-QUICK_SEGMENTS = [64 * KiB, 256 * KiB, 4 * MiB, None]
+SEGMENTS = [64 * KiB, 256 * KiB, 1 * MiB, 2 * MiB, 4 * MiB, 16 * MiB, None]  # None: 1 per chunk
+QUICK_SEGMENTS = [64 * KiB, 256 * KiB, 2 * MiB, None]
 SWEEP_WORLD_SIZES = (2, 3, 4)
 # The benchmark times the all-reduces as a training loop calls them: the sizes were agreed
 # once, so the hand-written ones skip their per-call size check (timed on its own, below).
@@ -138,11 +140,12 @@ def record_trace(ctx: ddplab.RankContext) -> list[list[dict]]:
 # --- the benchmark ------------------------------------------------------------------------------
 
 def rounds_for(size: int, quick: bool) -> int:
-    """Many rounds where a round is cheap: on a shared 2-core VM, sub-millisecond timings
-    are bimodal (a rank that sleeps in wait() sometimes wakes milliseconds late)."""
+    """Many rounds where a round is cheap: below a millisecond, timings on a shared 2-core
+    machine are bimodal (see ``round_times``).  Many again at the largest sizes, where the
+    ring and gloo differ by a few per cent."""
     if quick:
-        return 10 if size <= 1 * MiB else 5
-    return 50 if size <= 1 * MiB else 25 if size <= 16 * MiB else 20
+        return 60 if size <= 1 * MiB else 15
+    return 100 if size <= 1 * MiB else 40
 
 
 def warm_up(ctx: ddplab.RankContext, sizes: list[int], impls: dict) -> None:
@@ -155,24 +158,46 @@ def warm_up(ctx: ddplab.RankContext, sizes: list[int], impls: dict) -> None:
                 impl(x)
 
 
-def slowest_median(samples: list[float]) -> float:
-    """A collective is as slow as its slowest rank: the largest of the ranks' medians (ms)."""
-    return timing.slowest_rank(timing.median(samples))
+# --8<-- [start:statistic]
+STATISTICS = ("time_ms", "median_ms", "stalled", "stall_ms")
+STALLED = 2  # a round that took over twice the 10th percentile stalled (see the page)
+
+
+def round_times(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Each round took as long as its slowest rank.  Over the rounds, per implementation: the
+    10th percentile (what the chapter plots and fits), the median, the share of rounds that
+    stalled, and how much longer a stalled round took (its median excess, ms)."""
+    summary = {}
+    for name, rounds in timing.slowest_rank_per_step(samples).items():
+        fast = statistics.quantiles(rounds, n=10, method="inclusive")[0]  # 10th percentile
+        excess = [t - fast for t in rounds if t > STALLED * fast]
+        summary[name] = {"time_ms": fast, "median_ms": statistics.median(rounds),
+                         "stalled": len(excess) / len(rounds),
+                         "stall_ms": statistics.median(excess) if excess else 0.0}
+    return summary
+# --8<-- [end:statistic]
+
+
+def typical_ms(samples: list[float]) -> float:
+    """One measurement timed on every rank: its 10th percentile over the rounds (ms)."""
+    return round_times({"x": samples})["x"]["time_ms"]
 
 
 # --8<-- [start:benchmark]
-def benchmark(ctx: ddplab.RankContext, sizes: list[int], impls: dict) -> dict[str, list[float]]:
-    """Median time (ms) of each implementation at each size, timed A B C, A B C, …"""
-    times: dict[str, list[float]] = {name: [] for name in impls}
+def benchmark(ctx: ddplab.RankContext, sizes: list[int], impls: dict) -> dict[str, dict]:
+    """Each implementation at each size, timed A B C, A B C, …: for every statistic of
+    ``round_times``, one list over the sizes per implementation."""
+    stats: dict[str, dict] = {key: {name: [] for name in impls} for key in STATISTICS}
     warm_up(ctx, sizes, impls)
     for size in ddplab.progress(sizes, ctx, "sizes"):
         x = torch.randn(size // 4, device=ctx.device)  # float32: 4 bytes per element
         steps = {name: partial(impl, x) for name, impl in impls.items()}
         samples = timing.compare(steps, rounds=rounds_for(size, ctx.quick), warmup=2,
                                  device=ctx.device)
-        for name in impls:
-            times[name].append(slowest_median(samples[name]))
-    return times
+        for name, summary in round_times(samples).items():
+            for key in STATISTICS:
+                stats[key][name].append(summary[key])
+    return stats
 # --8<-- [end:benchmark]
 
 
@@ -182,7 +207,7 @@ def segment_sweep(ctx: ddplab.RankContext, size: int, segments: list[int | None]
     steps = {str(seg): partial(ring_all_reduce, x, check=False, segment_bytes=seg or size)
              for seg in segments}
     samples = timing.compare(steps, rounds=5 if ctx.quick else 20, warmup=1, device=ctx.device)
-    return [slowest_median(samples[str(seg)]) for seg in segments]
+    return [round_times(samples)[str(seg)]["time_ms"] for seg in segments]
 
 
 def size_check_cost(ctx: ddplab.RankContext) -> float:
@@ -190,16 +215,16 @@ def size_check_cost(ctx: ddplab.RankContext) -> float:
     from ddplab.ring import check_same_tensor
 
     x = torch.zeros(1, device=ctx.device)
-    return slowest_median(timing.time_steps(lambda: check_same_tensor(x), steps=30,
-                                            device=ctx.device))
+    return typical_ms(timing.time_steps(lambda: check_same_tensor(x), steps=30,
+                                        device=ctx.device))
 
 
 def add_cost(ctx: ddplab.RankContext) -> float:
     """γ: seconds per byte for ``a.add_(b)`` on one rank, no communication (every rank at once,
     as in the ring).  A size sweep cannot tell γ from β (both grow with S): measure it alone."""
     a, b = (torch.randn(SEGMENT_BYTES // 4, device=ctx.device) for _ in range(2))
-    ms = slowest_median(timing.time_steps(lambda: a.add_(b), steps=10 if ctx.quick else 30,
-                                          device=ctx.device))
+    ms = typical_ms(timing.time_steps(lambda: a.add_(b), steps=10 if ctx.quick else 30,
+                                      device=ctx.device))
     return ms * 1e-3 / SEGMENT_BYTES
 
 
@@ -207,9 +232,11 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
     """Runs on every rank: check, trace, benchmark."""
     ctx = point_to_point_context(ctx)  # a GPU shared over gloo: CPU tensors (gloo's p2p)
     sizes = QUICK_SIZES if ctx.quick else SIZES
-    result = {"correctness": correctness(ctx), "trace": record_trace(ctx),
-              "sizes": sizes, "times_ms": benchmark(ctx, sizes, IMPLS),
-              "size_check_ms": size_check_cost(ctx), "gamma_s_per_byte": add_cost(ctx)}
+    result = {"correctness": correctness(ctx), "trace": record_trace(ctx), "sizes": sizes}
+    stats = benchmark(ctx, sizes, IMPLS)
+    result |= {"times_ms": stats["time_ms"], "median_ms": stats["median_ms"],
+               "stalled": stats["stalled"], "stall_ms": stats["stall_ms"],
+               "size_check_ms": size_check_cost(ctx), "gamma_s_per_byte": add_cost(ctx)}
     segments = QUICK_SEGMENTS if ctx.quick else SEGMENTS
     result["segments"] = {"size": sizes[-1], "segment_bytes": segments,
                           "times_ms": segment_sweep(ctx, sizes[-1], segments)}
@@ -220,7 +247,7 @@ def sweep_worker(ctx: ddplab.RankContext, args) -> dict | None:
     """Runs on every rank of a world-size sweep launch: one size, the three implementations."""
     ctx = point_to_point_context(ctx)  # a GPU shared over gloo: CPU tensors (gloo's p2p)
     size = sweep_size(ctx.quick)
-    times = benchmark(ctx, [size], IMPLS)
+    times = benchmark(ctx, [size], IMPLS)["time_ms"]
     result = {"times_ms": {name: t[0] for name, t in times.items()}, "trace": record_trace(ctx)}
     return result if ctx.is_main else None
 
@@ -272,7 +299,7 @@ def traffic(impl: str, world: int) -> tuple[float, float]:
 
 
 def analyse(result: dict, world: int) -> dict:
-    sizes, times = result["sizes"], result["times_ms"]
+    sizes, times, medians = result["sizes"], result["times_ms"], result["median_ms"]
     algbw = {name: [s / (t * 1e-3) / 1e9 for s, t in zip(sizes, ts, strict=True)]
              for name, ts in times.items()}
     busbw = {name: [bw * bus_factor(world) for bw in bws] for name, bws in algbw.items()}
@@ -287,6 +314,8 @@ def analyse(result: dict, world: int) -> dict:
         "correct": all(row["within_bound"] for row in result["correctness"]),
         "sizes_bytes": sizes,
         "time_ms": {name: per_size(ts) for name, ts in times.items()},
+        "median_ms": {name: per_size(ts) for name, ts in result["median_ms"].items()},
+        "stalled_share": {name: per_size(v) for name, v in result["stalled"].items()},
         "algbw_gbps": {name: per_size(v) for name, v in algbw.items()},
         "busbw_gbps": {name: per_size(v) for name, v in busbw.items()},
         "ratio_ring_to_native_busbw": per_size(ratio),
@@ -297,7 +326,9 @@ def analyse(result: dict, world: int) -> dict:
                     "time_ms": {name: times[name][-1] for name in times}},
         "smallest": {"size_bytes": sizes[0], "size_kib": sizes[0] / KiB,
                      "time_ms": {name: times[name][0] for name in times},
-                     "ratio_ring_to_native_time": times["ring"][0] / times["native"][0]},
+                     "ratio_ring_to_native_time": times["ring"][0] / times["native"][0],
+                     "ratio_ring_to_native_median": medians["ring"][0] / medians["native"][0]},
+        "stalls": stall_summary(sizes, result),
         "size_check_us": result["size_check_ms"] * 1e3,
         "size_check_share_of_alpha": 1 / (2 * (world - 1)) if world > 1 else None,
         "gamma_gbps": 1e-9 / result["gamma_s_per_byte"],
@@ -310,6 +341,19 @@ def analyse(result: dict, world: int) -> dict:
     metrics["per_call"] = per_call_costs(fits["ring"], metrics["segments"], world)
     metrics["goals"] = goals(metrics)
     return metrics
+
+
+def stall_summary(sizes: list[int], result: dict) -> dict:
+    """Up to 1 MiB, where a stall weighs most: per implementation, the share of rounds that
+    stalled (over all those sizes), the most at one size, and a stall's median extra time."""
+    small = [i for i, size in enumerate(sizes) if size <= 1 * MiB]
+    summary = {}
+    for name, shares in result["stalled"].items():
+        extra = [result["stall_ms"][name][i] for i in small if shares[i] > 0]
+        summary[name] = {"share": statistics.mean(shares[i] for i in small),
+                         "most": max(shares[i] for i in small),
+                         "extra_ms": statistics.median(extra) if extra else None}
+    return summary
 
 
 ONE_RANK = ("1 rank: an all-reduce has nothing to exchange (the sum of one tensor is itself), "

@@ -107,7 +107,10 @@ def fake_result(world: int) -> dict:
            "bitwise_equal": True, "within_bound": True}
     segments = {"size": sizes[-1], "segment_bytes": chapter.QUICK_SEGMENTS,
                 "times_ms": [9.0, 8.0, 7.0, 8.5]}
-    return {"sizes": sizes, "times_ms": times, "correctness": [row], "size_check_ms": 0.1,
+    stalled = {name: [0.0] * len(sizes) for name in chapter.IMPLS}
+    return {"sizes": sizes, "times_ms": times, "median_ms": times, "stalled": stalled,
+            "stall_ms": stalled,
+            "correctness": [row], "size_check_ms": 0.1,
             "gamma_s_per_byte": 1e-10, "segments": segments, "trace": []}
 
 
@@ -123,6 +126,29 @@ def test_two_ranks_record_goals_and_per_call_costs():
     metrics = chapter.analyse(fake_result(2), 2)
     assert metrics["goals"]["latency_ratio_smallest"] == {"value": 1.0, "target": "<= 1.5",
                                                           "met": True}
+    # fake_result has --quick's sizes: the 64 MiB goal is recorded, not judged
+    assert metrics["goals"]["busbw_ratio_largest"]["met"] is None
+    assert "not judged here" in chapter.summarize(metrics)
     per_call = metrics["per_call"]
     assert per_call["messages"] == 2 and per_call["per_message_ms"] > 0
     assert "nan" not in chapter.summarize(metrics)
+
+
+def test_round_times_reports_the_fast_mode_and_counts_the_stalls():
+    """Bimodal rounds, as on a shared 2-core machine: the 10th percentile is the fast mode
+    even when most rounds stall, the median is a stall, and the stalls are counted and sized."""
+    rounds = [0.3, 0.3, 0.3, 0.35, 3.3, 3.3, 3.4, 3.5, 3.6, 3.6]  # 6 of 10 stalled, by ~3 ms
+    summary = chapter.round_times({"ring": rounds})["ring"]  # no process group: one rank
+    assert summary["time_ms"] == pytest.approx(0.3)
+    assert summary["median_ms"] == pytest.approx(3.3)
+    assert summary["stalled"] == pytest.approx(0.6)
+    assert summary["stall_ms"] == pytest.approx(3.45 - 0.3)
+    steady = chapter.round_times({"gloo": [1.0, 1.1, 1.2, 1.3]})["gloo"]
+    assert steady["stalled"] == 0 and steady["stall_ms"] == 0
+
+
+def test_stall_summary_looks_only_at_sizes_up_to_1_mib():
+    sizes = [4096, 1 << 20, 64 << 20]
+    result = {"stalled": {"ring": [0.5, 0.1, 0.9]}, "stall_ms": {"ring": [3.0, 2.0, 9.0]}}
+    stalls = chapter.stall_summary(sizes, result)["ring"]
+    assert stalls == {"share": pytest.approx(0.3), "most": 0.5, "extra_ms": 2.5}

@@ -33,7 +33,7 @@ import torch.distributed as dist
 # Large chunks travel as segments of at most this many bytes, so that adding one segment
 # overlaps with receiving the next.  gloo's C++ ring uses 1 MiB; each message sent from
 # Python costs more (chapter 03 measures it), so we send fewer, larger ones.
-SEGMENT_BYTES = 4 << 20
+SEGMENT_BYTES = 2 << 20
 IN_FLIGHT = 2  # receives posted ahead: one being filled while the previous one is added
 
 
@@ -158,19 +158,22 @@ class _RingLink:
         self.group, self.segment, self.ahead = group, segment, ahead
         self.right = _peer(group, (rank + 1) % world)
         self.left = _peer(group, (rank - 1) % world)
+        self.steps = [(self.pieces(chunk), add) for chunk, add in incoming]  # step by step
         # Every message this rank will receive, in order: (piece of a chunk, add it?).
-        self.todo = deque((piece, add) for chunk, add in incoming for piece in self.pieces(chunk))
+        self.todo = deque((piece, add) for pieces, add in self.steps for piece in pieces)
         self.posted: deque = deque()  # (work, landing buffer, piece, add), oldest first
         self.scratch = [None] * ahead  # receive buffers for the pieces that are added
         self.sends: list = []
-        self.steps = [len(self.pieces(chunk)) for chunk, _ in incoming]  # pieces per step
         self.largest_piece = max(chunk.numel() for chunk, _ in incoming)
         self.added_receives = 0
         self._post_ahead()  # before any send: a send waits for its receive to be posted
 
     def pieces(self, chunk: torch.Tensor) -> list[torch.Tensor]:
-        # An empty chunk (tensor smaller than N) sends nothing; its receiver expects nothing.
-        return list(chunk.split(self.segment)) if chunk.numel() else []
+        """The messages a chunk travels as.  An empty chunk (a tensor smaller than N) sends
+        nothing, and its receiver expects nothing."""
+        if chunk.numel() <= self.segment:  # the common case: one message, no split to pay for
+            return [chunk] if chunk.numel() else []
+        return list(chunk.split(self.segment))
 
     def send(self, chunk: torch.Tensor) -> None:
         self.sends += [dist.isend(piece, self.right, self.group) for piece in self.pieces(chunk)]
@@ -178,7 +181,8 @@ class _RingLink:
     # --8<-- [start:relay]
     def relay(self, pass_on: bool) -> None:
         """One step: each piece of the arriving chunk is waited for, added, and passed on."""
-        for _ in range(self.steps.pop(0)):
+        pieces, _ = self.steps.pop(0)
+        for _ in pieces:
             self._post_ahead()
             work, landed, piece, add = self.posted.popleft()
             work.wait()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 IMPLS = ("ring", "native", "naive")  # the three all-reduces the chapter times
+FULL_RUN_LARGEST = 64 << 20  # the 64 MiB goal is set for the full run's largest size
 
 
 def correctness_summary(rows: list[dict], world: int) -> dict:
@@ -40,8 +41,12 @@ def goals(m: dict) -> dict:
         rows[f"r2_{name}"] = (fit["r2"], ">=", 0.95)
         rows[f"max_rel_err_{name}"] = (fit["max_rel_err"], "<=", 0.25)
     met = lambda v, op, lim: v is not None and (v <= lim if op == "<=" else v >= lim)  # noqa: E731
-    return {k: {"value": v, "target": f"{op} {lim}", "met": met(v, op, lim)}
-            for k, (v, op, lim) in rows.items()}
+    judged = {k: {"value": v, "target": f"{op} {lim}", "met": met(v, op, lim)}
+              for k, (v, op, lim) in rows.items()}
+    if m["largest"]["size_bytes"] < FULL_RUN_LARGEST:  # --quick stops at 16 MiB
+        judged["busbw_ratio_largest"] |= {"target": ">= 1.0 at 64 MiB (the full run)",
+                                          "met": None}
+    return judged
 
 
 def summarize(metrics: dict, label_bytes: Callable[[int], str],
@@ -74,6 +79,6 @@ def summarize(metrics: dict, label_bytes: Callable[[int], str],
                  f"{metrics['size_check_us']:.0f} us per call")
     for name, goal in metrics.get("goals", {}).items():
         value = "n/a" if goal["value"] is None else f"{goal['value']:.3f}"
-        lines.append(f"goal {name:<24} {value:>7} (target {goal['target']}): "
-                     f"{'met' if goal['met'] else 'NOT met'}")
+        verdict = {True: "met", False: "NOT met", None: "not judged here"}[goal["met"]]
+        lines.append(f"goal {name:<24} {value:>7} (target {goal['target']}): {verdict}")
     return "\n".join(lines)

@@ -75,7 +75,8 @@ def draw_time(analysis: dict, world: int, path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("tensor size S")
     ax.set_ylabel("time per all-reduce (ms)")
-    ax.set_title(f"All-reduce time, {world} ranks (median; dashed: α-β-γ model)")
+    ax.set_title(f"All-reduce time, {world} ranks (10th percentile of the rounds; "
+                 "dashed: α-β-γ model)")
     ax.legend(fontsize=8)
     plotting.save(fig, path)
 
