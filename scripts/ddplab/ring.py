@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 # Large chunks travel as segments of at most this many bytes, so that adding one segment
-# overlaps with receiving the next.  gloo's C++ ring uses 1 MiB; each message sent from
+# overlaps with receiving the next.  gloo's C++ ring uses at most 1 MiB; each message sent from
 # Python costs more (chapter 03 measures it), so we send fewer, larger ones.
 SEGMENT_BYTES = 2 << 20
 IN_FLIGHT = 2  # receives posted ahead: one being filled while the previous one is added
