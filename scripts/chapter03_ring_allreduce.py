@@ -40,7 +40,7 @@ from ddplab.fitting import non_negative_lstsq, weighted_r2
 from ddplab.ranks import point_to_point_context
 from ddplab.replot import draw_figures, replot, write_figure_data
 from ddplab.ring import SEGMENT_BYTES, RingStep, naive_all_reduce, ring_all_reduce
-from ddplab.ring_report import correctness_summary, goals
+from ddplab.ring_report import correctness_summary, goals, per_call_costs, stall_summary
 from ddplab.ring_report import summarize as summary_with
 from figures import chapter03 as drawing
 from figures.chapter03 import bandwidth_text, label_bytes  # the figures' labels, in results too
@@ -314,7 +314,7 @@ def analyse(result: dict, world: int) -> dict:
         "correct": all(row["within_bound"] for row in result["correctness"]),
         "sizes_bytes": sizes,
         "time_ms": {name: per_size(ts) for name, ts in times.items()},
-        "median_ms": {name: per_size(ts) for name, ts in result["median_ms"].items()},
+        "median_ms": {name: per_size(ts) for name, ts in medians.items()},
         "stalled_share": {name: per_size(v) for name, v in result["stalled"].items()},
         "algbw_gbps": {name: per_size(v) for name, v in algbw.items()},
         "busbw_gbps": {name: per_size(v) for name, v in busbw.items()},
@@ -343,32 +343,8 @@ def analyse(result: dict, world: int) -> dict:
     return metrics
 
 
-def stall_summary(sizes: list[int], result: dict) -> dict:
-    """Up to 1 MiB, where a stall weighs most: per implementation, the share of rounds that
-    stalled (over all those sizes), the most at one size, and a stall's median extra time."""
-    small = [i for i, size in enumerate(sizes) if size <= 1 * MiB]
-    summary = {}
-    for name, shares in result["stalled"].items():
-        extra = [result["stall_ms"][name][i] for i in small if shares[i] > 0]
-        summary[name] = {"share": statistics.mean(shares[i] for i in small),
-                         "most": max(shares[i] for i in small),
-                         "extra_ms": statistics.median(extra) if extra else None}
-    return summary
-
-
 ONE_RANK = ("1 rank: an all-reduce has nothing to exchange (the sum of one tensor is itself), "
             "so no byte crosses a link and busbw is not defined; run with --world-size 2 or more")
-
-
-def per_call_costs(fit: dict, segments: dict, world: int) -> dict:
-    """The fit's α lumps every fixed cost into one number per message: 2(N-1)·α is the time
-    of an empty call.  The segment sweep measures what one *extra* message costs; the rest of
-    2(N-1)·α is paid once per call (Python, setting up the exchange, waking up to return)."""
-    empty_call_ms = 2 * (world - 1) * fit["alpha_us"] * 1e-3
-    per_message = segments["extra_ms_per_message"]
-    fixed = empty_call_ms - 2 * (world - 1) * per_message if per_message is not None else None
-    return {"empty_call_ms": empty_call_ms, "messages": 2 * (world - 1),
-            "per_message_ms": per_message, "once_per_call_ms": fixed}
 
 
 def segment_summary(seg: dict, times: dict, world: int) -> dict:

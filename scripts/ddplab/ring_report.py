@@ -1,8 +1,10 @@
-"""Chapter 03's summary: the correctness matrix in a few numbers, issue 10's goals as measured,
-and the whole run on one screen (printed by the launching process)."""
+"""Chapter 03's summary: the correctness matrix in a few numbers, the stalls and the per-call
+costs, issue 10's goals as measured, and the whole run on one screen (printed by the launching
+process)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 
 IMPLS = ("ring", "native", "naive")  # the three all-reduces the chapter times
@@ -47,6 +49,30 @@ def goals(m: dict) -> dict:
         judged["busbw_ratio_largest"] |= {"target": ">= 1.0 at 64 MiB (the full run)",
                                           "met": None}
     return judged
+
+
+def stall_summary(sizes: list[int], result: dict) -> dict:
+    """Up to 1 MiB, where a stall weighs most: per implementation, the share of rounds that
+    stalled (over all those sizes), the most at one size, and a stall's median extra time."""
+    small = [i for i, size in enumerate(sizes) if size <= 1 << 20]
+    summary = {}
+    for name, shares in result["stalled"].items():
+        extra = [result["stall_ms"][name][i] for i in small if shares[i] > 0]
+        summary[name] = {"share": statistics.mean(shares[i] for i in small),
+                         "most": max(shares[i] for i in small),
+                         "extra_ms": statistics.median(extra) if extra else None}
+    return summary
+
+
+def per_call_costs(fit: dict, segments: dict, world: int) -> dict:
+    """The fit's α lumps every fixed cost into one number per message: 2(N-1)·α is the time
+    of an empty call.  The segment sweep measures what one *extra* message costs; the rest of
+    2(N-1)·α is paid once per call (Python, setting up the exchange, waking up to return)."""
+    empty_call_ms = 2 * (world - 1) * fit["alpha_us"] * 1e-3
+    per_message = segments["extra_ms_per_message"]
+    fixed = empty_call_ms - 2 * (world - 1) * per_message if per_message is not None else None
+    return {"empty_call_ms": empty_call_ms, "messages": 2 * (world - 1),
+            "per_message_ms": per_message, "once_per_call_ms": fixed}
 
 
 def summarize(metrics: dict, label_bytes: Callable[[int], str],
