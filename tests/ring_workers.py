@@ -84,6 +84,19 @@ def correctness_matrix(ctx: ddplab.RankContext, args) -> list[str]:
     return [p for rank_problems in everyone for p in rank_problems]
 
 
+def kept_receive_buffers(ctx: ddplab.RankContext, args) -> list:
+    """Calls in a row: which receive buffers each one left for the next, and its problems."""
+    def kept() -> dict:
+        return {f"{slot} {dtype}": t.data_ptr() for (slot, dtype, _), t in ring._KEPT.free.items()}
+
+    report, problems = [], []
+    for size, dtype in ((1 << 18, torch.float32), (1 << 18, torch.float32),
+                        (1000, torch.float32), (1 << 18, torch.float64), (1 << 18, torch.float32)):
+        problems += problems_with(unchecked_ring, make_tensor(size, dtype, ctx.rank))
+        report.append(kept())
+    return [report, problems]
+
+
 def grouped_exchange_matrix(ctx: ddplab.RankContext, args) -> list[str]:
     """The nccl exchange (send and receive as one batch_isend_irecv), run here on gloo."""
     pick_link = ring._link

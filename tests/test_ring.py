@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 import ring_workers
 
 import ddplab
+from ddplab import ring
 
 
 def parse(*argv: str, out: Path):
@@ -25,6 +27,40 @@ def test_matches_dist_all_reduce_for_every_size_and_dtype(world_size, tmp_path):
     run = ddplab.launch(ring_workers.correctness_matrix,
                         parse("--world-size", str(world_size), out=tmp_path))
     assert run.result == []
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_receive_buffers_are_reused_from_call_to_call(world_size, tmp_path):
+    run = ddplab.launch(ring_workers.kept_receive_buffers,
+                        parse("--world-size", str(world_size), out=tmp_path))
+    report, problems = run.result
+    assert problems == []
+    first, same_size, smaller, float64, back = report
+    # One buffer per receive posted ahead; N=2 adds only one piece, so it needs only one.
+    slots = range(min(ring.IN_FLIGHT, world_size - 1))
+    assert set(first) == {f"{slot} torch.float32" for slot in slots}
+    assert same_size == first  # the same memory, not a new allocation
+    assert smaller == first  # a smaller piece lands in the front of the same buffer
+    assert float64 == first | {f"{slot} torch.float64": float64[f"{slot} torch.float64"]
+                               for slot in slots}  # float64 did not evict float32's
+    assert back == float64
+
+
+def test_a_call_that_did_not_finish_never_hands_its_buffers_on():
+    from ddplab.ring import _KeptBuffers
+
+    kept = _KeptBuffers()
+    held = kept.take()
+    held["slot"] = "a buffer a receive may still be writing"
+    assert kept.take() == {}  # a call made meanwhile (or after a failure) starts afresh
+    kept.put_back(held)  # only a finished call gives its buffers back
+    assert kept.take() == {"slot": "a buffer a receive may still be writing"}
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(_KeptBuffers.take(kept)))
+    kept.put_back(held)
+    thread.start()
+    thread.join()
+    assert seen == [{}]  # another thread has its own set
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
