@@ -56,7 +56,7 @@ def test_a_call_that_did_not_finish_never_hands_its_buffers_on():
     kept.put_back(held)  # only a finished call gives its buffers back
     assert kept.take() == {"slot": "a buffer a receive may still be writing"}
     seen = []
-    thread = threading.Thread(target=lambda: seen.append(_KeptBuffers.take(kept)))
+    thread = threading.Thread(target=lambda: seen.append(kept.take()))
     kept.put_back(held)
     thread.start()
     thread.join()
