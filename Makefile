@@ -12,6 +12,15 @@ ARGS        ?=
 # book stays on Material 9 + MkDocs 1.6 on purpose, so the notice is noise here.
 export NO_MKDOCS_2_WARNING := 1
 
+# On Linux, PyPI's torch is the CUDA build (several GB). A machine without an NVIDIA driver gets
+# the CPU build from PyTorch's CPU index instead (also with CONSTRAINTS=constraints/cpu.txt, whose
+# pin alone would fetch PyPI's CUDA 2.13.0); a GPU box keeps PyPI's. TORCH_INDEX= (empty) turns
+# this off (CI does: it installs offline from a local wheel), TORCH_INDEX=URL picks another index.
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+ifeq ($(origin TORCH_INDEX),undefined)
+TORCH_INDEX := $(if $(filter Linux,$(shell uname -s)),$(if $(shell command -v nvidia-smi),,$(TORCH_CPU_INDEX)))
+endif
+
 PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.installed
 CHAPTERS := $(sort $(patsubst scripts/chapter%.py,%,$(wildcard scripts/chapter[0-9][0-9]_*.py)))
@@ -31,11 +40,12 @@ setup: $(STAMP) ## create .venv and install requirements.txt
 $(STAMP): requirements.txt $(CONSTRAINTS)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "error: Python 3.10+ is needed, found " + sys.version.split()[0])'
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -r requirements.txt $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+	@$(if $(TORCH_INDEX),echo "no NVIDIA driver found: torch's CPU build from $(TORCH_INDEX) (TORCH_INDEX= for PyPI's default)")
+	$(PY) -m pip install --quiet -r requirements.txt $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	@$(PY) -c 'import torch; print("torch", torch.__version__, "| CUDA GPUs:", torch.cuda.device_count())'
 	@touch $@
 
-run-chapter%: $(STAMP) ## run chapter NN (e.g. make run-chapter05); figures go to figures/chapterNN/
+run-chapter%: $(STAMP) ## run chapter NN (e.g. make run-chapter05); figures go to out/chapterNN/ (ignored by git)
 	@script="$(wildcard scripts/chapter$*_*.py)"; \
 	if [ -z "$$script" ]; then echo "error: there is no chapter $* (chapters: $(CHAPTERS))" >&2; exit 2; fi; \
 	echo "$(PY) $$script $(ARGS)"; $(PY) $$script $(ARGS)
@@ -46,9 +56,9 @@ grade-%: $(STAMP) ## grade your exercises of chapter NN (FILE=path.py grades tha
 doctor: ## pre-flight for a workshop day: versions, gloo, ports, cores, GPUs, disk, site (< 30 s)
 	@if [ -x $(PY) ]; then $(PY) scripts/doctor.py; else $(PYTHON) scripts/doctor.py; fi
 
-figures: $(STAMP) ## run every chapter in full and refresh figures/ (one at a time: timings stay fair)
+figures: $(STAMP) ## refresh the committed reference figures/: every chapter in full, one at a time (timings stay fair)
 	@set -e; for c in $(CHAPTERS); do \
-	  echo "== chapter $$c"; $(PY) scripts/chapter$$c.py $(ARGS); done
+	  echo "== chapter $$c"; $(PY) scripts/chapter$$c.py --out figures $(ARGS); done
 	$(PY) scripts/diagrams.py
 
 gpu-check: $(STAMP) ## every chapter --quick on this box's GPUs, each mode it supports, into figures/gpu/
