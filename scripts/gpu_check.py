@@ -21,17 +21,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
+from chapters import CHAPTERS  # noqa: E402
 from ddplab.devices import gpu_count  # noqa: E402
 
-# One or two numbers per chapter that tell at a glance whether the run made sense.
-HEADLINES = {
-    "01": ["all_reduce_sum_of_ranks"],
-    "03": ["correct", "ratio_ring_to_native_busbw"],
-    "04": ["gradient_ready.rank_correlation_with_forward_order"],
-    "05": ["equivalence.bucketed_vs_native", "ratio_to_native.bucketed"],
-    "06": ["straggler.slope_idle"],
-    "07": ["resume.max_abs_diff"],
-}
+# The numbers that tell at a glance whether a run made sense: the chapter registry's headlines.
+HEADLINES = {c.nn: [h.key for h in c.headlines] for c in CHAPTERS}
 
 
 @dataclass(frozen=True)

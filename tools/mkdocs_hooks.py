@@ -12,7 +12,9 @@
 
    A missing file or key stops the build (with ``--strict`` or not): a page never shows a number
    that no run produced.
-3. A notebook page (mkdocs-jupyter) loses the ``<script>`` its template adds for MathJax: the site
+3. Tables of chapters come from the one chapter registry, ``scripts/chapters.py``:
+   ``{{ chapters index }}`` (the index's table) and ``{{ chapters gpu }}`` (running.md's table).
+4. A notebook page (mkdocs-jupyter) loses the ``<script>`` its template adds for MathJax: the site
    loads its own MathJax on every page.  That script's ``src`` is mkdocs.yml's
    ``custom_mathjax_url``, the same for every notebook page, so no one relative path could be right
    both at ``results/`` (hosted) and at ``results.html`` (offline build).
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -30,6 +33,11 @@ from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "figures"
+sys.path.insert(0, str(ROOT / "scripts"))
+import chapters  # noqa: E402  (scripts/chapters.py, the chapter registry)
+
+CHAPTER_TABLES = {"index": chapters.index_table, "gpu": chapters.gpu_table}
+CHAPTER_TABLE = re.compile(r"\{\{\s*chapters\s+(\w+)\s*\}\}")
 NOTEBOOK_MATHJAX = '<script src="notebook-mathjax-removed-by-hook.js"> </script>'
 PLACEHOLDER = re.compile(r"\{\{\s*(result|provenance)\s+(\d{2}|bench)(?:\s+([^\s}]+))?"
                          r"(?:\s+([^\s}]+))?\s*\}\}")
@@ -49,7 +57,13 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
             return render(*match.groups())
         except (KeyError, FileNotFoundError, ValueError, TypeError) as err:
             raise PluginError(f"{page.file.src_uri}: {match.group(0)}: {err}") from None
-    return PLACEHOLDER.sub(replace, markdown)
+
+    def table(match: re.Match) -> str:
+        if match.group(1) not in CHAPTER_TABLES:
+            raise PluginError(f"{page.file.src_uri}: {match.group(0)}: no such table "
+                              f"(tables: {', '.join(CHAPTER_TABLES)})")
+        return CHAPTER_TABLES[match.group(1)]()
+    return PLACEHOLDER.sub(replace, CHAPTER_TABLE.sub(table, markdown))
 
 
 def render(kind: str, chapter: str, key: str | None, spec: str | None) -> str:

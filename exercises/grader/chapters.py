@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import chapters as book_chapters  # scripts/chapters.py, the chapter registry
+
 EXERCISES_DIR = Path(__file__).resolve().parents[1]
-SLUGS = {1: "processes", 2: "collectives", 3: "ring_allreduce", 4: "hooks", 5: "data_parallel",
-         6: "bubbles", 7: "checkpointing", 9: "compression"}
+SLUGS = {c.number: c.slug for c in book_chapters.with_exercises()}
 
 
 def learner_file(chapter: int) -> Path:
