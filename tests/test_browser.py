@@ -400,3 +400,26 @@ def test_offline_build_navigates_and_searches_from_file_urls(chromium, offline_s
     page.locator("input.md-search__input").click()
     assert search(page, "all_reduce"), "search found nothing from file://"
     context.close()
+
+
+def test_the_workshop_handout_prints_one_session_a_sheet(chromium, server):
+    """The handout is built from the workshop plan and the pages; printed, each session starts
+    a new sheet and the site's navigation is left out."""
+    import workshop  # tools/workshop.py
+
+    sessions = len(workshop.sessions_with_a_chapter())
+    page = chromium.new_page(viewport=DESKTOP)
+    page.goto(server + "handout/", wait_until="networkidle")
+    assert page.locator(".handout-session").count() == sessions
+    assert page.locator(".handout-session img").count() == sum(
+        1 for s in workshop.sessions_with_a_chapter() if s.show)
+    page.emulate_media(media="print")
+    styles = page.evaluate("""() => [
+        getComputedStyle(document.querySelector('.md-header')).display,
+        getComputedStyle(document.querySelector('.md-sidebar')).display,
+        getComputedStyle(document.querySelectorAll('.handout-session')[1]).breakBefore]""")
+    assert styles == ["none", "none", "page"]
+    pdf = page.pdf(format="A4")
+    page.close()
+    sheets = pdf.count(b"/Type /Page") - pdf.count(b"/Type /Pages")
+    assert sheets >= sessions

@@ -13,7 +13,9 @@
    A missing file or key stops the build (with ``--strict`` or not): a page never shows a number
    that no run produced.
 3. Tables of chapters come from the one chapter registry, ``scripts/chapters.py``:
-   ``{{ chapters index }}`` (the index's table) and ``{{ chapters gpu }}`` (running.md's table).
+   ``{{ chapters index }}`` (the index's table) and ``{{ chapters gpu }}`` (running.md's table);
+   the workshop's from its plan, ``tools/workshop.py``: ``{{ workshop day 1 }}`` (a day's
+   timetable), ``{{ workshop show 03 }}`` (the figures to project) and ``{{ workshop handout }}``.
 4. A notebook page (mkdocs-jupyter) loses the ``<script>`` its template adds for MathJax: the site
    loads its own MathJax on every page.  That script's ``src`` is mkdocs.yml's
    ``custom_mathjax_url``, the same for every notebook page, so no one relative path could be right
@@ -33,11 +35,19 @@ from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "figures"
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "tools")]
+import workshop  # noqa: E402  (tools/workshop.py, the workshop's plan)
+
 import chapters  # noqa: E402  (scripts/chapters.py, the chapter registry)
 
-CHAPTER_TABLES = {"index": chapters.index_table, "gpu": chapters.gpu_table}
-CHAPTER_TABLE = re.compile(r"\{\{\s*chapters\s+(\w+)\s*\}\}")
+TABLES = {
+    ("chapters", "index"): lambda _arg: chapters.index_table(),
+    ("chapters", "gpu"): lambda _arg: chapters.gpu_table(),
+    ("workshop", "day"): lambda arg: workshop.timetable(int(arg)),
+    ("workshop", "show"): lambda arg: workshop.show(int(arg)),
+    ("workshop", "handout"): lambda _arg: workshop.handout(),
+}
+TABLE = re.compile(r"\{\{\s*(chapters|workshop)\s+(\w+)(?:\s+(\d+))?\s*\}\}")
 NOTEBOOK_MATHJAX = '<script src="notebook-mathjax-removed-by-hook.js"> </script>'
 PLACEHOLDER = re.compile(r"\{\{\s*(result|provenance)\s+(\d{2}|bench)(?:\s+([^\s}]+))?"
                          r"(?:\s+([^\s}]+))?\s*\}\}")
@@ -59,11 +69,15 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
             raise PluginError(f"{page.file.src_uri}: {match.group(0)}: {err}") from None
 
     def table(match: re.Match) -> str:
-        if match.group(1) not in CHAPTER_TABLES:
-            raise PluginError(f"{page.file.src_uri}: {match.group(0)}: no such table "
-                              f"(tables: {', '.join(CHAPTER_TABLES)})")
-        return CHAPTER_TABLES[match.group(1)]()
-    return PLACEHOLDER.sub(replace, CHAPTER_TABLE.sub(table, markdown))
+        source, name, arg = match.groups()
+        if (source, name) not in TABLES:
+            known = ", ".join(" ".join(key) for key in TABLES)
+            raise PluginError(f"{page.file.src_uri}: {match.group(0)}: no such table ({known})")
+        try:
+            return TABLES[source, name](arg)
+        except (KeyError, ValueError, TypeError, FileNotFoundError) as err:
+            raise PluginError(f"{page.file.src_uri}: {match.group(0)}: {err}") from None
+    return PLACEHOLDER.sub(replace, TABLE.sub(table, markdown))
 
 
 def render(kind: str, chapter: str, key: str | None, spec: str | None) -> str:
