@@ -107,25 +107,27 @@ def overlap_worth(r: dict) -> dict:
               + (buckets - 1) * why["small_allreduce_ms"])
     ratio = serial / t["native"]
     text = (f"overlap saved {1 - 1 / ratio:.0%} of that step" if ratio > 1 else
-            f"overlap saved nothing measurable: the step took {1 / ratio - 1:.0%} longer than "
-            f"that estimate")
+            f"overlap saved nothing measurable: the step took {1 / ratio:.2f}× that estimate")
     return {"serial_step_ms": serial, "native_step_ms": t["native"], "ratio": ratio,
             "text": text}
 
 
-def scaling_change(scaling: dict, kind: str = "native") -> dict:
-    """The throughput change from 2 to 4 ranks, signed, and a phrase for it."""
+def scaling_change(scaling: dict, before: int, after: int, kind: str = "native") -> dict:
+    """The throughput change from ``before`` to ``after`` ranks, signed, and a phrase for it."""
     points = {p["world_size"]: p["samples_per_s"][kind] for p in scaling.get("points", [])}
-    if 2 not in points or 4 not in points:
-        return {"text": "this run has no 2- and 4-rank points to compare (the sweep was skipped)"}
-    change = points[4] / points[2] - 1
+    if before not in points or after not in points:
+        return {"text": f"this run has no {before}- and {after}-rank points to compare (the "
+                        f"sweep was skipped)"}
+    change = points[after] / points[before] - 1
     verb = "gain" if change >= 0 else "lose"
-    return {"two": points[2], "four": points[4], "change": change,
-            "text": f"4 ranks {verb} {abs(change):.0%} against 2"}
+    return {"before": points[before], "after": points[after], "change": change,
+            "ratio": points[after] / points[before],
+            "text": f"{after} ranks {verb} {abs(change):.0%} against {before}"}
 
 
 def verdicts(r: dict) -> dict:
     """Every comparison page 05 draws from this run, computed, so a run that measures
     otherwise changes the sentence with it."""
     return {"naive_sync": naive_sync_accounting(r), "overlap": overlap_worth(r),
-            "scaling_2_to_4": scaling_change(r["scaling"])}
+            "scaling_1_to_2": scaling_change(r["scaling"], 1, 2),
+            "scaling_2_to_4": scaling_change(r["scaling"], 2, 4)}
