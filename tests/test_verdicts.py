@@ -135,3 +135,11 @@ def test_overlap_verdict_says_saved_or_not_from_the_run(render_page):
         page = render_page(PAGE_05, "05", r)
         assert words in page
         assert ("nothing measurable" in page) == (native_ms > 1)
+
+
+def test_the_naive_link_sentence_follows_the_fitted_bandwidths(render_page):
+    m = ring_results()
+    for naive_gbps, expected in ((1e3, "as if its link were faster"), (1e-3, "no faster than")):
+        m["alpha_beta"]["naive"]["beta_gbps"] = naive_gbps
+        m["verdicts"] = ring_verdicts(m, label_bytes)
+        assert expected in render_page(PAGE_03, "03", m)

@@ -211,7 +211,11 @@ def stall_order(m: dict) -> str:
 def verdicts(m: dict, label: Callable[[int], str]) -> dict:
     """Every comparison the page draws from this run, computed (values and the phrases the
     page renders), so that a run that measures otherwise changes the sentence with it."""
+    beta = {name: m["alpha_beta"][name]["beta_gbps"] or 0.0 for name in ("naive", "ring")}
     return {"ring_against_gloo_in_buckets": ring_against_gloo(m, label),
             "naive": naive_against_the_others(m, label),
+            "naive_link": ("as if its link were faster, which no real link would be"
+                           if beta["naive"] > beta["ring"] else
+                           "no faster than the ring's: in this run the fit does not show it"),
             "alpha": alpha_comparison(m),
             "stall_order": stall_order(m)}
