@@ -16,11 +16,14 @@ def ready_order(model: nn.Module, loss: torch.Tensor) -> list[str]:
 
 
 def assign_buckets(sizes_bytes: list[int], cap_bytes: int) -> list[list[int]]:
-    """Exercise 04.2: native DDP's buckets for parameters of these sizes (definition order).
+    """Exercise 04.2: native DDP's buckets after its rebuild, for parameters of these sizes
+    (definition order) whose gradients become ready from the LAST to the first.
 
     Return lists of parameter indices, bucket 0 first.  The rule of DDP's reducer: walk the
-    parameters from the LAST to the first, adding each to the open bucket; a bucket closes
+    parameters in ready order (last to first), adding each to the open bucket; a bucket closes
     once it holds ``cap_bytes`` or more.  (All parameters share one dtype and device here.)
+    This is not the layout native DDP builds at construction: that one walks the parameters in
+    definition order and then reverses the list of buckets.
     """
     raise NotImplementedError("exercise 04.2: fill buckets in reverse, close at the cap")
 

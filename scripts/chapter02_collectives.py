@@ -213,20 +213,25 @@ PIECE = ("S/N", lambda n: 1 / n)
 ALL_BUT_ONE_PIECE = ("(N-1)/N·S", lambda n: (n - 1) / n)
 TWICE_ALL_BUT_ONE = ("2(N-1)/N·S", lambda n: 2 * (n - 1) / n)
 LOG_N = ("⌈log₂N⌉·S", lambda n: float(math.ceil(math.log2(n))))
-# Broadcast and reduce are what gloo runs (gloo/broadcast.cc: a binomial tree, the root sends S
-# to each of ⌈log₂N⌉ peers; gloo/reduce.cc: a ring reduce-scatter, then a gather to the root),
-# not NCCL's pipelined chain; their busbw factor stays nccl-tests' 1.
+# Every row is what gloo runs.  Broadcast and reduce (gloo/broadcast.cc: a binomial tree, the
+# root sends S to each of ⌈log₂N⌉ peers; gloo/reduce.cc: a ring reduce-scatter, then a gather to
+# the root, so a non-root rank sends (N-1)/N·S + S/N = S) are not NCCL's pipelined chain.  gloo
+# has no reduce-scatter: PyTorch runs all-reduces for it, which move 2(N-1)/N·S.  The busbw
+# factors stay nccl-tests', so the busbw column compares with an NCCL number.
 TRAFFIC = {  # collective: (algorithm, sent, received, busbw factor)
     "send_recv": ("direct", ALL, ALL, ALL),
     "broadcast": ("binomial tree (gloo)", LOG_N, ALL, ALL),
     "scatter": ("direct from the root", ALL_BUT_ONE_PIECE, PIECE, ALL_BUT_ONE_PIECE),
     "gather": ("direct to the root", PIECE, ALL_BUT_ONE_PIECE, ALL_BUT_ONE_PIECE),
-    "reduce": ("ring reduce-scatter, then gather to the root (gloo)", ALL_BUT_ONE_PIECE,
+    "reduce": ("ring reduce-scatter, then gather to the root (gloo)", ALL,
                TWICE_ALL_BUT_ONE, ALL),
     "all_gather": ("ring", ALL_BUT_ONE_PIECE, ALL_BUT_ONE_PIECE, ALL_BUT_ONE_PIECE),
     "all_reduce": ("ring: reduce-scatter, then all-gather", TWICE_ALL_BUT_ONE,
                    TWICE_ALL_BUT_ONE, TWICE_ALL_BUT_ONE),
-    "reduce_scatter": ("ring", ALL_BUT_ONE_PIECE, ALL_BUT_ONE_PIECE, ALL_BUT_ONE_PIECE),
+    "reduce_scatter": ("one all-reduce per piece (gloo)", TWICE_ALL_BUT_ONE, TWICE_ALL_BUT_ONE,
+                       ALL_BUT_ONE_PIECE),
+    "reduce_scatter_flat": ("all-reduce of the whole tensor, keep one piece (gloo)",
+                            TWICE_ALL_BUT_ONE, TWICE_ALL_BUT_ONE, ALL_BUT_ONE_PIECE),
     "all_to_all": ("pairwise exchange", ALL_BUT_ONE_PIECE, ALL_BUT_ONE_PIECE, ALL_BUT_ONE_PIECE),
 }
 
@@ -285,8 +290,7 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
 def traffic_table(time_ms: dict, n: int, s: int) -> dict:
     rows = {}
     for name, t in time_ms.items():
-        # The flat-tensor reduce-scatter moves what the list one does.
-        algorithm, sent, received, factor = TRAFFIC.get(name, TRAFFIC["reduce_scatter"])
+        algorithm, sent, received, factor = TRAFFIC[name]
         algbw = s / (t * 1e-3) / 1e9
         rows[name] = {"algorithm": algorithm, "sent": sent[0], "received": received[0],
                       "sent_bytes": sent[1](n) * s, "received_bytes": received[1](n) * s,

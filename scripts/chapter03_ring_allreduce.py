@@ -40,7 +40,7 @@ from ddplab.fitting import non_negative_lstsq, weighted_r2
 from ddplab.ranks import point_to_point_context
 from ddplab.replot import draw_figures, replot, write_figure_data
 from ddplab.ring import SEGMENT_BYTES, RingStep, naive_all_reduce, ring_all_reduce
-from ddplab.ring_report import correctness_summary, goals, per_call_costs, stall_summary
+from ddplab.ring_report import correctness_summary, goals, per_call_costs, stall_summary, verdicts
 from ddplab.ring_report import summarize as summary_with
 from figures import chapter03 as drawing
 from figures.chapter03 import bandwidth_text, label_bytes  # the figures' labels, in results too
@@ -340,6 +340,7 @@ def analyse(result: dict, world: int) -> dict:
         return metrics
     metrics["per_call"] = per_call_costs(fits["ring"], metrics["segments"], world)
     metrics["goals"] = goals(metrics)
+    metrics["verdicts"] = verdicts(metrics, label_bytes)  # the page's comparisons, computed
     return metrics
 
 

@@ -432,6 +432,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     result["scaling"] = sweep_world_sizes(args, run, result, throughput_worker, SWEPT,
                                           SIZES[args.size].batch)
     result["sharding"] = sharding_demo()
+    result["verdicts"] = report.verdicts(result)  # the page's comparisons, computed
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         ddplab.write_results(out, CHAPTER, result, run.provenance)
         names = draw_figures(out, drawing.draw)

@@ -43,7 +43,7 @@ def hooked_buckets_vs_native(ctx, args) -> dict:
     model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
                           nn.Linear(64, 3))
     native = DistributedDataParallel(copy.deepcopy(model))
-    hooked = HookedBuckets(list(model.parameters()), cap_bytes=5_000)  # several buckets
+    hooked = HookedBuckets(list(model.parameters()), cap_bytes=1_000)  # three buckets
     torch.manual_seed(100 + ctx.rank)  # a different batch on every rank
     x = torch.randn(16, 8)
     results = {"buckets": len(hooked.buckets), "launch_logs": []}

@@ -50,9 +50,11 @@ def test_traffic_table_and_gloo_support(quick):
     n, s = results["provenance"]["world_size"], results["timed_bytes"]
     table = results["collectives"]
     assert table["all_reduce"]["sent_bytes"] == pytest.approx(2 * (n - 1) / n * s)
-    assert table["reduce_scatter"]["sent_bytes"] == pytest.approx((n - 1) / n * s)
-    # what gloo runs: broadcast a binomial tree (the root sends S to ⌈log₂N⌉ peers); reduce a
-    # ring reduce-scatter, then a gather to the root
+    # what gloo runs: reduce-scatter as all-reduces; broadcast a binomial tree (the root sends S
+    # to ⌈log₂N⌉ peers); reduce a ring reduce-scatter, then a gather to the root
+    for name in ("reduce_scatter", "reduce_scatter_flat"):
+        assert table[name]["sent_bytes"] == pytest.approx(2 * (n - 1) / n * s)
+    assert table["reduce"]["sent_bytes"] == pytest.approx(s)
     assert table["broadcast"]["sent_bytes"] == pytest.approx(math.ceil(math.log2(n)) * s)
     assert table["reduce"]["received_bytes"] == pytest.approx(2 * (n - 1) / n * s)
     assert results["fallbacks"] == [] if results["support"]["reduce_scatter"] == "ok" else [

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
+
+from ddplab.buckets import pack_positions, reverse_order_positions
 
 from .core import Context, Exercise
 from .guard import Mistake
@@ -64,19 +65,24 @@ def check_ready_order(ctx: Context) -> None:
 
 
 def check_buckets(ctx: Context) -> None:
-    """Compared with the real thing: the reducer's dist._compute_bucket_assignment_by_size."""
+    """Native DDP's layout after its rebuild, for gradients that arrive in reverse definition
+    order: ddplab.buckets' rule, which tests/test_buckets.py pins to the reducer's own
+    dist._compute_bucket_assignment_by_size."""
     cases = [([400, 12, 4000, 40, 1000, 8], 1000), ([4] * 10, 8), ([100, 200], 10_000),
              ([4096, 4096, 4], 4096), ([40, 40, 40], 1)]
     for sizes, cap in cases:
-        tensors = [torch.empty(s // 4) for s in sizes]  # float32: 4 bytes an element
-        rev = list(reversed(tensors))
-        assignment, _ = dist._compute_bucket_assignment_by_size(rev, [cap])
-        want = [[len(sizes) - 1 - i for i in bucket] for bucket in assignment]
+        want = reverse_order_positions(sizes, cap)
         got = ctx.call(ctx.learner.assign_buckets, list(sizes), cap)
         got = [list(b) for b in got]
         if got != want:
             flat = sorted(i for b in got for i in b)
-            if flat != list(range(len(sizes))):
+            built = list(reversed(pack_positions([("", s) for s in sizes], [cap],
+                                                 sort_by_first=True)))
+            if got == built:
+                hint = ("that is native's layout at construction (with find_unused_parameters="
+                        "True: definition order, then the list of buckets reversed); 04.2 asks "
+                        "for the rebuilt one, packed from the last parameter to the first")
+            elif flat != list(range(len(sizes))):
                 hint = ("some parameters are in no bucket (or in two): the last bucket, not "
                         "full yet, must be kept too")
             elif got and got[0] and got[0][0] == 0:
@@ -87,7 +93,7 @@ def check_buckets(ctx: Context) -> None:
                         "parameter that reaches the cap (native DDP's rule, so a bucket may end "
                         "over the cap), never before adding it")
             raise Mistake(f"assign_buckets({sizes}, cap_bytes={cap}) = {got}, native DDP's "
-                          f"reducer makes {want}: {hint}")
+                          f"rebuild makes {want} (gradients ready last to first): {hint}")
 
 
 def check_scaler(ctx: Context) -> None:

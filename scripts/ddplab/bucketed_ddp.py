@@ -28,7 +28,6 @@ Native DDP does more: unused-parameter search, comm hooks, mixed precision, Join
 
 from __future__ import annotations
 
-import sys
 import weakref
 from dataclasses import dataclass, field
 
@@ -37,67 +36,19 @@ import torch.distributed as dist
 from torch import nn
 
 from .bucket_trace import BucketTrace
+from .buckets import (  # noqa: F401  (the packing rule lives in buckets.py; importable here)
+    DEFAULT_CAP_MB,
+    FIRST_BUCKET_BYTES,
+    MiB,
+    NamedParams,
+    assign_buckets,
+    bucket_caps,
+    first_iteration_layout,
+    pack,
+)
 from .comm_hooks import run_comm_hook
 from .naive_ddp import GradSyncSwitch, module_device, require_process_group
 from .timeline import Timeline
-
-MiB = 2**20
-DEFAULT_CAP_MB = 25  # native's bucket_cap_mb when left at None
-FIRST_BUCKET_BYTES = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", MiB)  # 1 MiB in torch 2.13
-
-NamedParams = list[tuple[str, nn.Parameter]]
-
-
-def bucket_caps(bucket_cap_mb: float | None) -> tuple[int, int]:
-    """(first bucket's cap, every later bucket's cap) in bytes, as native DDP computes them
-    (distributed.py, ``_BucketCapacityConfig.create``): a small first bucket only at the default."""
-    if bucket_cap_mb is None:
-        return FIRST_BUCKET_BYTES, DEFAULT_CAP_MB * MiB
-    cap = int(bucket_cap_mb * MiB)
-    return cap, cap
-
-
-# --8<-- [start:assign]
-# --8<-- [start:pack]
-def pack(named_params: NamedParams, caps: list[int]) -> list[NamedParams]:
-    """Native DDP's packing rule (reducer.cpp, ``compute_bucket_assignment_by_size``).
-
-    Parameters are taken in the given order.  Each (dtype, device) has one open bucket; a
-    bucket closes once it holds ``caps[k]`` bytes or more, where k counts the buckets already
-    closed for that dtype (the last cap repeats).  A parameter is never split, so a bucket can
-    end a little over its cap.  Buckets still open at the end come last.
-    """
-    closed: list[NamedParams] = []
-    open_buckets: dict[tuple, tuple[NamedParams, int]] = {}  # key -> (params, bytes)
-    closed_count: dict[tuple, int] = {}
-    for name, param in named_params:
-        key = (param.dtype, param.device)
-        members, size = open_buckets.get(key, ([], 0))
-        members, size = [*members, (name, param)], size + param.numel() * param.element_size()
-        k = closed_count.get(key, 0)
-        if size >= caps[min(k, len(caps) - 1)]:
-            closed.append(members)
-            closed_count[key], members, size = k + 1, [], 0
-        open_buckets[key] = (members, size)
-    return closed + [members for members, _ in open_buckets.values() if members]
-# --8<-- [end:pack]
-
-
-# --8<-- [start:first_layout]
-def first_iteration_layout(named_params: NamedParams) -> list[NamedParams]:
-    """Before native DDP has seen a backward pass: one bucket per dtype and device, parameters
-    in definition order inside each.  distributed.py (``_ddp_init_helper``) passes
-    ``[sys.maxsize]`` as the cap and hands the Reducer ``reversed(bucket_indices)``: that
-    reverses the list of buckets (which matters only with several dtypes or devices), not the
-    parameters inside a bucket."""
-    return list(reversed(pack(named_params, [sys.maxsize])))
-# --8<-- [end:first_layout]
-
-
-def assign_buckets(named_params: NamedParams, cap_bytes: int) -> list[NamedParams]:
-    """Buckets for the order backward *probably* produces gradients: the reverse of definition."""
-    return pack(list(reversed(named_params)), [cap_bytes])
-# --8<-- [end:assign]
 
 
 # --8<-- [start:bucket]

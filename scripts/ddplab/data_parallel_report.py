@@ -74,3 +74,60 @@ def summarize(r: dict, prov: dict, labels: dict, variants: tuple, memory_variant
     else:
         lines.append(f"Scaling sweep skipped: {scaling['skipped']}")
     return "\n".join(lines)
+
+
+# --- verdicts: the page's comparisons, computed from the run --------------------------------------
+
+def naive_sync_accounting(r: dict) -> dict:
+    """How much of NaiveDDP's measured sync time the two named causes explain, and what is left.
+
+    Bytes: one all-reduce of the whole gradient (its own fixed cost included).  Messages: the
+    fixed cost of each of the other calls, a lone tiny all-reduce each (by its median; by its
+    mean, the stalls that lone calls met are counted too).  What is left is not measured
+    separately: the wait for the other rank's backward, and the sharing of the cores."""
+    why = r["why_naive_is_slower"]
+    extra_calls = why["allreduce_calls"]["naive"] - 1
+    sync, bytes_ms = why["naive_sync_ms"], why["whole_gradient_allreduce_ms"]
+    messages_ms = extra_calls * why["small_allreduce_ms"]
+    stalls_ms = extra_calls * (why["small_allreduce_mean_ms"] - why["small_allreduce_ms"])
+    explained = bytes_ms + messages_ms
+    return {"sync_ms": sync, "bytes_ms": bytes_ms, "messages_ms": messages_ms,
+            "explained_ms": explained, "explained_share": explained / sync,
+            "stalls_ms": stalls_ms, "unexplained_ms": sync - explained - stalls_ms,
+            "unexplained_share": (sync - explained - stalls_ms) / sync}
+
+
+def overlap_worth(r: dict) -> dict:
+    """Native DDP's step against the step it would take without overlap: the local step plus
+    its bucket all-reduces one after another (the whole gradient in one message, plus the fixed
+    cost of each further bucket).  A ratio above 1: overlap saved that factor."""
+    why, t = r["why_naive_is_slower"], r["step_time_ms"]
+    buckets = why["allreduce_calls"]["native"]
+    serial = (t["local"] + why["whole_gradient_allreduce_ms"]
+              + (buckets - 1) * why["small_allreduce_ms"])
+    ratio = serial / t["native"]
+    text = (f"overlap saved {1 - 1 / ratio:.0%} of that step" if ratio > 1 else
+            f"overlap saved nothing measurable: the step took {1 / ratio:.2f}× that estimate")
+    return {"serial_step_ms": serial, "native_step_ms": t["native"], "ratio": ratio,
+            "text": text}
+
+
+def scaling_change(scaling: dict, before: int, after: int, kind: str = "native") -> dict:
+    """The throughput change from ``before`` to ``after`` ranks, signed, and a phrase for it."""
+    points = {p["world_size"]: p["samples_per_s"][kind] for p in scaling.get("points", [])}
+    if before not in points or after not in points:
+        return {"text": f"this run has no {before}- and {after}-rank points to compare (the "
+                        f"sweep was skipped)"}
+    change = points[after] / points[before] - 1
+    verb = "gain" if change >= 0 else "lose"
+    return {"before": points[before], "after": points[after], "change": change,
+            "ratio": points[after] / points[before],
+            "text": f"{after} ranks {verb} {abs(change):.0%} against {before}"}
+
+
+def verdicts(r: dict) -> dict:
+    """Every comparison page 05 draws from this run, computed, so a run that measures
+    otherwise changes the sentence with it."""
+    return {"naive_sync": naive_sync_accounting(r), "overlap": overlap_worth(r),
+            "scaling_1_to_2": scaling_change(r["scaling"], 1, 2),
+            "scaling_2_to_4": scaling_change(r["scaling"], 2, 4)}

@@ -4,7 +4,8 @@ Not a DDP (chapter 05 builds one): no forward, no replica check, no timeline —
 moves native DDP makes during backward, in the smallest code that runs:
 
 1. pack the parameters into buckets, in *reverse* order, so the first bucket holds the
-   gradients that backward produces first;
+   gradients that backward produces first (native's layout after its rebuild, for a model whose
+   gradients arrive in reverse definition order; the rule is ``ddplab.buckets``);
 2. on each parameter's post-accumulate-grad hook, copy its gradient (times 1/N) into its bucket,
    and when a bucket is complete, start its all-reduce without waiting (``async_op=True``);
 3. once the last bucket is launched, ask autograd for a callback at the end of backward that
@@ -22,19 +23,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .buckets import pack_positions
+
 
 # --8<-- [start:pack]
 def reverse_order_buckets(params: list[nn.Parameter], cap_bytes: int) -> list[list[nn.Parameter]]:
-    """Last parameter first, a new bucket whenever the next one would exceed the cap."""
-    buckets, current, size = [], [], 0
-    for p in reversed(params):  # backward produces the last layers' gradients first
-        nbytes = p.numel() * p.element_size()
-        if current and size + nbytes > cap_bytes:
-            buckets.append(current)
-            current, size = [], 0
-        current.append(p)
-        size += nbytes
-    return [*buckets, current] if current else buckets
+    """Last parameter first, packed by native DDP's rule (``ddplab.buckets``): a bucket closes
+    once it holds ``cap_bytes`` or more, so it may end a little over the cap."""
+    backward_order = list(reversed(params))  # backward produces the last layers' gradients first
+    items = [((p.dtype, p.device), p.numel() * p.element_size()) for p in backward_order]
+    return [[backward_order[i] for i in bucket] for bucket in pack_positions(items, [cap_bytes])]
 # --8<-- [end:pack]
 
 

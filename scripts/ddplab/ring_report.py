@@ -108,3 +108,114 @@ def summarize(metrics: dict, label_bytes: Callable[[int], str],
         verdict = {True: "met", False: "NOT met", None: "not judged here"}[goal["met"]]
         lines.append(f"goal {name:<24} {value:>7} (target {goal['target']}): {verdict}")
     return "\n".join(lines)
+
+
+# --- verdicts: the page's comparisons, computed from the run --------------------------------------
+
+MiB = 1 << 20
+BUCKET_SIZES = (1 * MiB, 25 * MiB)  # where DDP's buckets live (1 MiB first bucket, 25 MiB cap)
+TRAILS_BELOW = 0.9  # a busbw ratio below this: the ring more than 10 % behind gloo
+KEEPS_PACE = 1.1  # naive keeps pace while its time is within 10 % of the ring's
+NAMES = {"ring": "the ring", "native": "gloo", "naive": "the naive one"}
+
+
+def join_words(words: list[str]) -> str:
+    """["a"] -> "a"; ["a", "b", "c"] -> "a, b and c"."""
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + f" and {words[-1]}"
+
+
+def runs_text(chosen: list[int], sizes: list[int], label: Callable[[int], str]) -> str:
+    """The chosen sizes as runs of neighbours in ``sizes``: "4 KiB to 2 MiB and 8 MiB"."""
+    runs: list[list[int]] = []
+    for i, size in enumerate(sizes):
+        if size not in chosen:
+            continue
+        if runs and sizes.index(runs[-1][-1]) == i - 1:
+            runs[-1].append(size)
+        else:
+            runs.append([size])
+    words = []
+    for run in runs:  # two neighbours read better as "1 MiB and 2 MiB"
+        words += ([label(s) for s in run] if len(run) <= 2
+                  else [f"{label(run[0])} to {label(run[-1])}"])
+    return join_words(words)
+
+
+def ring_against_gloo(m: dict, label: Callable[[int], str]) -> str:
+    """Which bucket-sized tensors the ring's busbw trails gloo's at, as a clause."""
+    ratio, sizes = m["ratio_ring_to_native_busbw"], m["sizes_bytes"]
+    band = [s for s in sizes if BUCKET_SIZES[0] <= s <= BUCKET_SIZES[1]]
+    trails = [s for s in band if ratio[str(s)] < TRAILS_BELOW]
+    keeps = [s for s in band if s not in trails]
+    if not band:
+        return "this run measured no size between 1 and 25 MiB"
+    if not trails:
+        return ("the ring's bus bandwidth stayed within 10 % of gloo's or above it at every size "
+                "from 1 to 25 MiB")
+    clause = (f"the ring's bus bandwidth trailed gloo's by more than 10 % at "
+              f"{runs_text(trails, band, label)}")
+    if keeps:
+        clause += f", and was within 10 % of it or above it at {runs_text(keeps, band, label)}"
+    return clause
+
+
+def naive_against_the_others(m: dict, label: Callable[[int], str]) -> dict:
+    """Where the naive all-reduce was the fastest, and how far it kept pace with the ring."""
+    sizes, t = m["sizes_bytes"], m["time_ms"]
+    fastest = [s for s in sizes
+               if t["naive"][str(s)] < min(t["ring"][str(s)], t["native"][str(s)])]
+    behind = [s for s in sizes if t["naive"][str(s)] > KEEPS_PACE * t["ring"][str(s)]]
+    first_behind = behind[0] if behind else None
+    pace_up_to = (sizes[-1] if first_behind is None
+                  else sizes[sizes.index(first_behind) - 1] if first_behind != sizes[0] else None)
+    fastest_text = (f"was the fastest of the three at {runs_text(fastest, sizes, label)}"
+                    if fastest else "was the fastest of the three at no size")
+    if pace_up_to is None:
+        pace = "was more than 10 % behind the ring at every size"
+    else:
+        pace = f"kept within 10 % of the ring's time up to {label(pace_up_to)}"
+    if first_behind is not None and pace_up_to is not None:
+        k = str(first_behind)
+        pace += (f", and was more than 10 % behind it at {runs_text(behind, sizes, label)} "
+                 f"(at {label(first_behind)}: {t['naive'][k]:.1f} ms against "
+                 f"{t['ring'][k]:.1f} ms)")
+    elif first_behind is None:
+        pace += ", the largest size measured"
+    return {"fastest_at": fastest, "fastest_text": fastest_text,
+            "keeps_pace_up_to": pace_up_to, "first_behind": first_behind, "pace_text": pace}
+
+
+def alpha_comparison(m: dict) -> dict:
+    """The three fitted α, smallest first, and whether the naive all-reduce (Python
+    send/recv/wait, like the ring) has a smaller one than gloo's C++ all-reduce."""
+    alpha = {name: fit["alpha_us"] for name, fit in m["alpha_beta"].items()}
+    order = sorted(alpha, key=alpha.get)
+    names = {"ring": "the ring", "native": "gloo", "naive": "the naive all-reduce"}
+    naive_below = alpha["naive"] < alpha["native"]
+    return {"order_text": join_words([f"{names[n]} {alpha[n]:.0f} µs" for n in order]),
+            "naive_below_gloo": naive_below,
+            "python_text": ("so Python's calls alone do not make an α high: the naive "
+                            "all-reduce makes them too, and its α is below gloo's"
+                            if naive_below else
+                            "the naive all-reduce, which makes Python calls too, has an α no "
+                            "lower than gloo's in this run")}
+
+
+def stall_order(m: dict) -> str:
+    """The three implementations by their share of stalled rounds, most first."""
+    stalls = m["stalls"]
+    order = sorted(stalls, key=lambda n: -stalls[n]["share"])
+    return join_words([f"{NAMES[n]} in {stalls[n]['share']:.0%} of its rounds" for n in order])
+
+
+def verdicts(m: dict, label: Callable[[int], str]) -> dict:
+    """Every comparison the page draws from this run, computed (values and the phrases the
+    page renders), so that a run that measures otherwise changes the sentence with it."""
+    beta = {name: m["alpha_beta"][name]["beta_gbps"] or 0.0 for name in ("naive", "ring")}
+    return {"ring_against_gloo_in_buckets": ring_against_gloo(m, label),
+            "naive": naive_against_the_others(m, label),
+            "naive_link": ("as if its link were faster, which no real link would be"
+                           if beta["naive"] > beta["ring"] else
+                           "no faster than the ring's: in this run the fit does not show it"),
+            "alpha": alpha_comparison(m),
+            "stall_order": stall_order(m)}

@@ -94,26 +94,30 @@ def native_bucket_bytes(ddp: DistributedDataParallel) -> list[int] | None:
         return None
 
 
-def allreduce_ms(numel: int, device: torch.device, repeats: int) -> float:
-    """Median time of one all-reduce of ``numel`` floats (to completion, on a GPU too)."""
+def allreduce_ms(numel: int, device: torch.device, repeats: int) -> tuple[float, float]:
+    """Median and mean time of one all-reduce of ``numel`` floats (to completion, on a GPU
+    too).  The mean counts the calls that stalled; the median does not."""
     t = torch.zeros(numel, device=device)
     samples = timing.time_steps(lambda: dist.all_reduce(t), steps=repeats, warmup=2,
                                 device=device)
-    return timing.slowest_rank(statistics.median(samples))
+    return (timing.slowest_rank(statistics.median(samples)),
+            timing.slowest_rank(statistics.mean(samples)))
 
 
 def why_naive_is_slower(ctx, info: dict, model: nn.Module) -> dict:
     """NaiveDDP's all-reduce calls and sync time (``info`` from ``time_variants``) against one
     tiny all-reduce and one of the whole gradient.  Collective: every rank calls it."""
     grad_numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    whole = allreduce_ms(grad_numel, ctx.device, 5 if ctx.quick else 20)
+    whole, _ = allreduce_ms(grad_numel, ctx.device, 5 if ctx.quick else 20)
+    small, small_mean = allreduce_ms(1, ctx.device, 30 if ctx.quick else 100)
     return {
         "allreduce_calls": {"naive": info["naive_allreduce_calls"],
                             "bucketed": len(info["buckets"]["bucketed"]),
                             "native": len(info["buckets"]["native"] or [])},
         "bucket_bytes": info["buckets"],
         "naive_sync_ms": info["naive_sync_ms"],
-        "small_allreduce_ms": allreduce_ms(1, ctx.device, 30 if ctx.quick else 100),
+        "small_allreduce_ms": small,
+        "small_allreduce_mean_ms": small_mean,  # stalled calls included
         "whole_gradient_allreduce_ms": whole,
         "sync_vs_one_message": info["naive_sync_ms"] / whole,
         "gradient_mib": grad_numel * 4 / 2**20,

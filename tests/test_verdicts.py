@@ -1,0 +1,145 @@
+"""Pages 03 and 05 draw their comparisons from verdicts computed from the run: change a
+measured value in a copy of results.json, recompute, render the page, and the sentence follows."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from types import SimpleNamespace
+
+import mkdocs_hooks
+import pytest
+from conftest import REPO
+
+from ddplab import data_parallel_report
+from ddplab.ring_report import verdicts as ring_verdicts
+from figures.chapter03 import label_bytes
+
+MiB = 2**20
+PAGE_03 = (REPO / "docs" / "chapters" / "03-ring-allreduce.md").read_text()
+PAGE_05 = (REPO / "docs" / "chapters" / "05-data-parallel.md").read_text()
+
+
+def committed(chapter: str) -> dict:
+    return json.loads((REPO / "figures" / f"chapter{chapter}" / "results.json").read_text())
+
+
+@pytest.fixture
+def render_page(tmp_path, monkeypatch):
+    """Render a page's placeholders against the results given for one chapter."""
+    def render(page: str, chapter: str, results: dict) -> str:
+        folder = tmp_path / f"chapter{chapter}"
+        folder.mkdir(exist_ok=True)
+        (folder / "results.json").write_text(json.dumps(results))
+        monkeypatch.setattr(mkdocs_hooks, "FIGURES", tmp_path)
+        mkdocs_hooks.load_results.cache_clear()
+        page_object = SimpleNamespace(file=SimpleNamespace(src_uri="test.md"))
+        return " ".join(mkdocs_hooks.on_page_markdown(page, page_object, None, None).split())
+    yield render
+    mkdocs_hooks.load_results.cache_clear()  # the next test reads the committed figures again
+
+
+def ring_results(changes: dict | None = None) -> dict:
+    """Chapter 03's committed results with some ring / gloo / naive times changed (ms)."""
+    m = copy.deepcopy(committed("03"))
+    for (name, size), ms in (changes or {}).items():
+        m["time_ms"][name][str(size)] = ms
+    for s in m["sizes_bytes"]:  # the busbw ratio is gloo's time over the ring's
+        m["ratio_ring_to_native_busbw"][str(s)] = (m["time_ms"]["native"][str(s)]
+                                                   / m["time_ms"]["ring"][str(s)])
+    m["verdicts"] = ring_verdicts(m, label_bytes)
+    return m
+
+
+def sentence(text: str, start: str) -> str:
+    return re.search(re.escape(start) + r"[^.]*\.", text).group(0)
+
+
+def test_which_sizes_the_ring_trails_gloo_at_follows_the_run(render_page):
+    base = ring_results({("ring", 4 * MiB): 1.0, ("native", 4 * MiB): 1.0,
+                         ("ring", 8 * MiB): 1.0, ("native", 8 * MiB): 1.0})
+    slow = ring_results({("ring", 4 * MiB): 2.0, ("native", 4 * MiB): 1.0,
+                         ("ring", 8 * MiB): 1.0, ("native", 8 * MiB): 1.0})
+    before = sentence(render_page(PAGE_03, "03", base), "Where DDP's buckets live")
+    after = sentence(render_page(PAGE_03, "03", slow), "Where DDP's buckets live")
+    assert before != after
+    trails = after.split("trailed gloo's by more than 10 % at ")[1].split(", and was")[0]
+    assert "4 MiB" in trails and "8 MiB" not in trails
+
+
+def test_where_naive_is_fastest_and_keeps_pace_follows_the_run(render_page):
+    sizes = committed("03")["sizes_bytes"]
+    even = {(name, s): 1.0 for s in sizes for name in ("ring", "native")}
+    fast = ring_results(even | {("naive", s): 0.5 for s in sizes})
+    slow_late = ring_results(even | {("naive", s): 0.5 if s < 2 * MiB else 5.0 for s in sizes})
+    v = fast["verdicts"]["naive"]
+    assert v["fastest_at"] == sizes and v["first_behind"] is None
+    v = slow_late["verdicts"]["naive"]
+    assert v["keeps_pace_up_to"] == MiB and v["first_behind"] == 2 * MiB
+    first = render_page(PAGE_03, "03", fast)
+    second = render_page(PAGE_03, "03", slow_late)
+    assert "kept within 10 % of the ring's time up to 1 MiB, and was more than 10 % behind" \
+        in second
+    assert f"fastest of the three at 4 KiB to {label_bytes(sizes[-1])}" in first
+    assert "the largest size measured" in first and "the largest size measured" not in second
+
+
+def test_alpha_sentence_follows_which_alpha_is_smaller(render_page):
+    m = ring_results()
+    for naive_alpha, expected in ((10.0, "its α is below gloo's"), (1e4, "no lower than gloo's")):
+        m["alpha_beta"]["naive"]["alpha_us"] = naive_alpha
+        m["verdicts"] = ring_verdicts(m, label_bytes)
+        assert expected in render_page(PAGE_03, "03", m)
+
+
+def dp_results(**why) -> dict:
+    r = copy.deepcopy(committed("05"))
+    r["why_naive_is_slower"].setdefault("small_allreduce_mean_ms",
+                                        r["why_naive_is_slower"]["small_allreduce_ms"])
+    r["why_naive_is_slower"].update(why)
+    r["verdicts"] = data_parallel_report.verdicts(r)
+    return r
+
+
+def test_the_four_rank_change_takes_its_sign_from_the_run(render_page):
+    r = dp_results()
+    points = r["scaling"]["points"]
+    two = next(p for p in points if p["world_size"] == 2)["samples_per_s"]["native"]
+    four = next(p for p in points if p["world_size"] == 4)
+    for factor, verb in ((0.5, "4 ranks lose 50% against 2"), (1.25, "4 ranks gain 25% against 2")):
+        four["samples_per_s"]["native"] = two * factor
+        r["verdicts"] = data_parallel_report.verdicts(r)
+        assert verb in render_page(PAGE_05, "05", r)
+
+
+def test_what_the_named_causes_explain_follows_the_run(render_page):
+    base = dp_results(naive_sync_ms=40.0, whole_gradient_allreduce_ms=6.0, small_allreduce_ms=0.1,
+                      small_allreduce_mean_ms=0.1)
+    more = dp_results(naive_sync_ms=40.0, whole_gradient_allreduce_ms=6.0, small_allreduce_ms=1.0,
+                      small_allreduce_mean_ms=1.0)
+    calls = base["why_naive_is_slower"]["allreduce_calls"]["naive"]
+    assert base["verdicts"]["naive_sync"]["explained_ms"] == pytest.approx(6.0 + (calls - 1) * 0.1)
+    assert more["verdicts"]["naive_sync"]["unexplained_ms"] == pytest.approx(
+        40.0 - 6.0 - (calls - 1) * 1.0)
+    start = "Together the named causes explain"
+    assert sentence(render_page(PAGE_05, "05", base), start) != sentence(
+        render_page(PAGE_05, "05", more), start)
+
+
+def test_overlap_verdict_says_saved_or_not_from_the_run(render_page):
+    r = dp_results()
+    for native_ms, words in ((1e3, "overlap saved nothing measurable"), (1e-3, "overlap saved")):
+        r["step_time_ms"]["native"] = native_ms
+        r["verdicts"] = data_parallel_report.verdicts(r)
+        page = render_page(PAGE_05, "05", r)
+        assert words in page
+        assert ("nothing measurable" in page) == (native_ms > 1)
+
+
+def test_the_naive_link_sentence_follows_the_fitted_bandwidths(render_page):
+    m = ring_results()
+    for naive_gbps, expected in ((1e3, "as if its link were faster"), (1e-3, "no faster than")):
+        m["alpha_beta"]["naive"]["beta_gbps"] = naive_gbps
+        m["verdicts"] = ring_verdicts(m, label_bytes)
+        assert expected in render_page(PAGE_03, "03", m)
