@@ -15,6 +15,10 @@ and a **warm start** (Q is kept from the last step: one power-iteration step per
 refines it).  Vectors (biases, LayerNorm) and matrices too small to gain are averaged as they
 are.  The first ``start_iter`` steps use plain averaging, as torch's ``start_powerSGD_iter``.
 
+With a GradScaler one overflow would end training: error feedback would keep the inf (as NaN)
+in the residual and the warm start in Q, so every later step would be non-finite and skipped.
+torch 2.13's ``powerSGD_hook`` stores both unconditionally; this one forgets them instead.
+
 Written to be read, so it waits for each all-reduce in turn (torch chains futures instead);
 it draws its random start and orders its matrices as torch does, so that the two agree.
 """
@@ -127,9 +131,22 @@ def powersgd_hook(state: PowerSGDState, bucket):  # returns a Future
     for m, p, q, avg_q in zip(matrices, ps, qs, unflatten(flat_q, qs), strict=True):
         q.copy_(avg_q.view_as(q))                                  # kept: the warm start
         m.copy_(matmul(p, q.t()))                                  # M ≈ P Qᵀ, into the bucket
-    state.error[key] = before - buffer                             # what the rank r missed
+    if not torch.isfinite(buffer).all():         # an overflow: the scaler will skip this step
+        forget(state, key)                         # (the same verdict on every rank: all-reduced)
+    else:
+        state.error[key] = before - buffer                         # what the rank r missed
     return completed(buffer)
 # --8<-- [end:powersgd]
+
+
+# --8<-- [start:forget]
+def forget(state: PowerSGDState, key: int) -> None:
+    """After a non-finite gradient, drop the residual and the warm-start Q: both would hold
+    inf/NaN from now on, and every later step would be skipped.  The residual is in the
+    scaler's units anyway, and the scaler is about to halve its scale."""
+    state.error.pop(key, None)
+    state.q_memory.pop(key, None)
+# --8<-- [end:forget]
 
 
 def unflatten(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
