@@ -112,10 +112,7 @@ def powersgd_hook(state: PowerSGDState, bucket):  # returns a Future
     buffer += state.error.get(key, 0)             # error feedback: add what was lost last time
     before = buffer.clone()
     matrices, plain = split(bucket.gradients(), state)
-    if plain:                                     # vectors and small matrices: sent whole
-        flat = average(torch.cat([t.reshape(-1) for t in plain]), group)
-        for t, avg in zip(plain, flat.split([t.numel() for t in plain]), strict=True):
-            t.copy_(avg.view_as(t))
+    average_whole(plain, group)                   # vectors and small matrices: sent whole
     qs = start_qs(matrices, state, key)
     for q in qs:
         orthogonalize(q)
@@ -131,10 +128,10 @@ def powersgd_hook(state: PowerSGDState, bucket):  # returns a Future
     for m, p, q, avg_q in zip(matrices, ps, qs, unflatten(flat_q, qs), strict=True):
         q.copy_(avg_q.view_as(q))                                  # kept: the warm start
         m.copy_(matmul(p, q.t()))                                  # M ≈ P Qᵀ, into the bucket
-    if not torch.isfinite(buffer).all():         # an overflow: the scaler will skip this step
-        forget(state, key)                         # (the same verdict on every rank: all-reduced)
-    else:
+    if torch.isfinite(buffer).all():
         state.error[key] = before - buffer                         # what the rank r missed
+    else:                   # an overflow (seen by every rank: P and Q are all-reduced)
+        forget(state, key)  # the scaler skips this step; keep no inf/NaN for the next
     return completed(buffer)
 # --8<-- [end:powersgd]
 
@@ -147,6 +144,15 @@ def forget(state: PowerSGDState, key: int) -> None:
     state.error.pop(key, None)
     state.q_memory.pop(key, None)
 # --8<-- [end:forget]
+
+
+def average_whole(tensors: list[torch.Tensor], group) -> None:
+    """Average ``tensors`` in place, as one flat all-reduce (none if there are none)."""
+    if not tensors:
+        return
+    flat = average(torch.cat([t.reshape(-1) for t in tensors]), group)
+    for t, avg in zip(tensors, flat.split([t.numel() for t in tensors]), strict=True):
+        t.copy_(avg.view_as(t))
 
 
 def unflatten(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
