@@ -298,7 +298,7 @@ def calibration(out: Path) -> dict:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # missing, or keys of another shape
         if fit is not None:
-            return {"alpha_us": fit["alpha_s"] * 1e6, "beta_gbps": fit["bytes_per_s"] / 1e9,
+            return {"alpha_us": fit["alpha_us"], "beta_gbps": fit["beta_gbps"],
                     "gamma_s_per_byte": fit["gamma_s_per_byte"], "compute_ms": compute,
                     "source": f"chapters 03 and 05, {where} ({root})"}
     raise ddplab.UsageError(

@@ -45,3 +45,29 @@ def test_the_scaler_follows_the_devices_bf16_answer(monkeypatch):
     assert ch09.scaler_for(gpu) is None
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
     assert isinstance(ch09.scaler_for(gpu), torch.amp.GradScaler)
+
+
+def test_gpu_peak_memory_is_measured_from_the_right_baseline(monkeypatch):
+    """PeakMemory on a GPU: the peak is reset when each block starts, so a later block reports
+    its own peak, measured above the earlier block's baseline when asked (``since=``)."""
+    from ddplab import memory
+    gpu = {"allocated": 100 * memory.MiB, "peak": 100 * memory.MiB}
+
+    def allocate(mib: int) -> None:
+        gpu["allocated"] += mib * memory.MiB
+        gpu["peak"] = max(gpu["peak"], gpu["allocated"])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda device=None: gpu.update(peak=gpu["allocated"]))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: gpu["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: gpu["peak"])
+    device = torch.device("cuda", 0)
+    with memory.PeakMemory(device) as setup:
+        allocate(40)                  # kept: the model's state
+        allocate(30)
+        allocate(-30)                 # a temporary, freed
+    with memory.PeakMemory(device, since=setup) as steady:
+        allocate(10)
+        allocate(-10)
+    assert setup.mib == 70            # the temporary counted at its peak
+    assert steady.mib == 50           # 40 kept + 10 at this block's peak, above setup's baseline

@@ -142,7 +142,8 @@ def chapter03_fit(root: Path) -> dict | None:
     try:
         r = json.loads(path.read_text())
         fit = r["alpha_beta"]["native"]
-        cal = {"alpha_s": float(fit["alpha_us"]) * 1e-6,
+        cal = {"alpha_us": float(fit["alpha_us"]), "beta_gbps": float(fit["beta_gbps"]),
+               "alpha_s": float(fit["alpha_us"]) * 1e-6,
                "bytes_per_s": float(fit["beta_gbps"]) * 1e9,
                "gamma_s_per_byte": 1e-9 / float(r["gamma_gbps"])}
     except (OSError, KeyError, TypeError, ValueError, ZeroDivisionError):
