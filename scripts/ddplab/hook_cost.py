@@ -49,7 +49,7 @@ def prediction(hooks: dict, world: int, m: dict | None) -> dict:
     rows = {}
     for name, h in hooks.items():
         predicted = predict_hook_ms(h, world, m)
-        comm = predicted - h["compute_ms"]
+        comm = predicted - h["compute_ms"]  # scaled at the calls' mean size, one factor for all
         with_stalls = comm * stall_factor(h["payload_bytes"] / max(h["calls"], 1), m) + (
             h["compute_ms"])
         gap = h["measured_ms"] - predicted
