@@ -4,7 +4,8 @@ One hook API for BucketedDDP and native DDP; the same hook on both gives the sam
 the same model with no compression, fp16, bf16 and PowerSGD at 1, 2 and 4 ranks, counts the
 bytes each hook hands to all-reduce, times each hook, and compares the time with what chapter
 03's alpha-beta-gamma model predicts; then asks the model on which link compression pays.
-Also: autocast with DDP (bf16 on CPU, fp16 + GradScaler on GPU) and the scaler's skip.
+Also: autocast with DDP (bf16 where the device has it, else fp16 + GradScaler), the scaler's
+skip, and PowerSGD's error feedback after an overflow.
 
 Run it:
     make run-chapter09                                   # runs the next line
@@ -35,10 +36,13 @@ from torch.nn.parallel import DistributedDataParallel
 import ddplab
 from ddplab import BucketedDDP
 from ddplab.comm_hooks import HookBucket, bf16_hook, count_bytes, fp16_hook
-from ddplab.hook_cost import chapter03_model, prediction, where_it_pays
+from ddplab.costmodel import chapter03_calibration
+from ddplab.hook_cost import prediction, where_it_pays
 from ddplab.launch import started_by_torchrun
 from ddplab.models import ResidualMLP, make_clusters
 from ddplab.powersgd import PowerSGDState, powersgd_hook
+from ddplab.precision import mixed_precision_for
+from ddplab.ranks import max_over_ranks
 from ddplab.replot import draw_figures, replot
 from figures import chapter09 as drawing
 
@@ -75,8 +79,9 @@ def wrap(model: nn.Module, ctx, native: bool = False, cap_mb: float = CAP_MB):
 
 # --8<-- [start:step]
 def train_step(model, optimizer, x, y, scaler=None) -> torch.Tensor:
-    """Forward under autocast (bf16 on CPU, fp16 on GPU); weights and gradients stay fp32."""
-    dtype = torch.float16 if x.device.type == "cuda" else torch.bfloat16
+    """Forward under autocast (bf16, or fp16 where the GPU lacks it); weights and gradients
+    stay fp32."""
+    dtype = mixed_precision_for(x.device).dtype
     with torch.autocast(x.device.type, dtype=dtype):
         loss = F.cross_entropy(model(x), y)
     if scaler is None:
@@ -92,8 +97,14 @@ def train_step(model, optimizer, x, y, scaler=None) -> torch.Tensor:
 
 
 def scaler_for(ctx):
-    """fp16 on a GPU needs a GradScaler; bf16 has float32's range and needs none."""
-    return torch.amp.GradScaler("cuda") if ctx.device.type == "cuda" else None
+    """fp16 needs a GradScaler; bf16 has float32's range and needs none."""
+    return mixed_precision_for(ctx.device).scaler(ctx.device)
+
+
+def wait_for_device(ctx) -> None:
+    """On a GPU the host only queues kernels: finish them before reading the clock."""
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
 
 
 def sgd(model):
@@ -117,10 +128,9 @@ def max_abs_diff(a: nn.Module, b: nn.Module) -> float:
                                                           strict=True))
 
 
-def max_over_ranks(value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+def slowest(value: float) -> float:
+    """The largest value over the ranks (on nccl the tensor travels through this rank's GPU)."""
+    return max_over_ranks(torch.tensor([value], dtype=torch.float64)).item()
 
 
 # --- 1. the same hook on both DDPs ---------------------------------------------------------
@@ -137,7 +147,7 @@ def same_hook_on_both(ctx, model, data, state_and_hook, steps: int, cap_mb: floa
     for x, y in data[:steps]:
         for ddp, opt, scaler in zip((ours, theirs), opts, scalers, strict=True):
             train_step(ddp, opt, x, y, scaler)
-    return max_over_ranks(max_abs_diff(ours.module, theirs.module))
+    return slowest(max_abs_diff(ours.module, theirs.module))
 # --8<-- [end:both]
 
 
@@ -171,7 +181,7 @@ def equivalence(ctx, model, data, steps: int) -> dict:
     for x, y in data[:steps]:
         for ddp, opt in zip((a, b), opts, strict=True):
             train_step(ddp, opt, x, y)
-    out["our_powersgd_vs_torch_powersgd"] = max_over_ranks(max_abs_diff(a.module, b.module))
+    out["our_powersgd_vs_torch_powersgd"] = slowest(max_abs_diff(a.module, b.module))
     # No hook, under autocast: BucketedDDP against native.
     out["autocast_bucketed_vs_native"] = same_hook_on_both(
         ctx, model, data, lambda: (None, default_hooks.allreduce_hook), steps, CAP_MB)
@@ -201,6 +211,37 @@ def scaler_skip(ctx, model, data) -> dict:
 # --8<-- [end:skip]
 
 
+# --8<-- [start:recovery]
+def overflow_recovery(ctx, model, data, make_hook, overflow_at: int = 5) -> list[bool]:
+    """PowerSGD from step 2, a GradScaler, and at step ``overflow_at`` one inf in rank 1's
+    batch: which steps the scaler skipped (the same list on every rank)."""
+    ddp = wrap(copy.deepcopy(model), ctx, native=True, cap_mb=ONE_BUCKET)
+    ddp.register_comm_hook(*make_hook())
+    opt, scaler, skipped = sgd(ddp), torch.amp.GradScaler(ctx.device.type), []
+    for step, (x, y) in enumerate(data[:overflow_at + 8]):
+        if step == overflow_at and ctx.rank == 1:
+            x = x.clone()
+            x[0, 0] = float("inf")
+        before = scaler.get_scale()
+        train_step(ddp, opt, x, y, scaler)
+        skipped.append(scaler.get_scale() < before)    # update() halves the scale on a skip
+    return skipped
+# --8<-- [end:recovery]
+
+
+def powersgd_after_overflow(ctx, model, data) -> dict:
+    ours = lambda: (PowerSGDState(rank=RANK, start_iter=2), powersgd_hook)  # noqa: E731
+    torchs = lambda: (torch_powersgd.PowerSGDState(  # noqa: E731
+        None, matrix_approximation_rank=RANK, start_powerSGD_iter=2, min_compression_rate=2,
+        use_error_feedback=True, warm_start=True, random_seed=0), torch_powersgd.powerSGD_hook)
+    overflow_at, out = 5, {}
+    for name, make in (("ours", ours), ("torch", torchs)):
+        skipped = overflow_recovery(ctx, model, data, make, overflow_at)
+        out[name] = {"skipped": skipped, "skipped_after": sum(skipped[overflow_at + 1:])}
+    out["overflow_step"], out["steps_after"] = overflow_at, len(skipped) - overflow_at - 1
+    return out
+
+
 # --- 3. training with each hook: loss, bytes, step time --------------------------------------
 
 def train_with(ctx, model, data, test, name: str) -> dict:
@@ -217,13 +258,14 @@ def train_with(ctx, model, data, test, name: str) -> dict:
                 losses.append(train_step(ddp, opt, x, y, scaler))
         else:
             losses.append(train_step(ddp, opt, x, y, scaler))
+        wait_for_device(ctx)
         times.append((time.perf_counter() - start) * 1e3)
     with torch.no_grad():
         test_loss = F.cross_entropy(ddp.module(test[0]), test[1]).item()
     curve = torch.stack(losses).double()
     dist.all_reduce(curve)
     return {"loss": (curve / ctx.world_size).tolist(), "test_loss": test_loss,
-            "step_ms": max_over_ranks(statistics.median(times[START_ITER + 1:])),
+            "step_ms": slowest(statistics.median(times[START_ITER + 1:])),
             "allreduce_calls": counted.calls, "payload_bytes": counted.payload_bytes,
             "wire_bytes_per_rank": counted.wire_bytes(ctx.world_size)}
 
@@ -256,9 +298,10 @@ def time_hook(ctx, model, name: str, group, repeats: int) -> float:
         dist.barrier()
         start = time.perf_counter()
         hook(state, bucket).wait()
+        wait_for_device(ctx)
         if i >= 2:
             samples.append((time.perf_counter() - start) * 1e3)
-    return max_over_ranks(statistics.median(samples)) if samples else 0.0
+    return slowest(statistics.median(samples)) if samples else 0.0
 
 
 def hook_times(ctx, model, repeats: int) -> dict:
@@ -281,6 +324,7 @@ def worker(ctx: ddplab.RankContext, args) -> dict:
     if ctx.world_size >= 2 and not args.sweep_only:
         out["equivalence"] = equivalence(ctx, model, data, steps=3 if ctx.quick else 12)
         out["scaler_skip"] = scaler_skip(ctx, model, data)
+        out["powersgd_overflow"] = powersgd_after_overflow(ctx, model, data)
         out["hooks"] = hook_times(ctx, model, repeats=3 if ctx.quick else 10)
     out["training"] = {name: train_with(ctx, model, data, test, name)
                        for name in ddplab.progress(HOOKS, ctx, f"training, {ctx.world_size} "
@@ -324,7 +368,20 @@ def digest(sweep: dict) -> dict:
                   "step_ms": r["step_ms"], "final_loss": tail(r["loss"]),
                   "test_loss": r["test_loss"],
                   "final_loss_by_world": {w: tail(sweep[w][h]["loss"]) for w in sweep}}
+    out["verdict"] = digest_verdict(out)
     return out
+
+
+def digest_verdict(rows: dict) -> dict:
+    """What the table says: which hooks stepped slower than plain averaging here, and how far
+    each hook's final loss is from plain averaging's (relative)."""
+    hooks = [h for h in HOOKS if h != "none"]
+    slower = [h for h in hooks if rows[h]["step_ms"] > rows["none"]["step_ms"]]
+    loss = {h: rows[h]["final_loss"] / rows["none"]["final_loss"] - 1 for h in hooks}
+    return {"slower_than_none": (", ".join(slower) if slower else "none of them"),
+            "all_slower": len(slower) == len(hooks), "loss_vs_none": loss,
+            "cast_loss_max_abs": max(abs(loss["fp16"]), abs(loss["bf16"])),
+            "powersgd_loss": "higher" if loss["powersgd"] > 0 else "not higher"}
 
 
 def parse_args(argv: list[str] | None = None) -> Namespace:
@@ -363,7 +420,7 @@ def main(argv: list[str] | None = None) -> dict | None:
                           "momentum": MOMENTUM, "powersgd_rank": RANK,
                           "powersgd_start_iter": START_ITER}
     if "hooks" in result:
-        model = chapter03_model(args.out)
+        model = chapter03_calibration(args.out)
         result["prediction"] = prediction(result["hooks"], result["world_size"], model)
         result["where_it_pays"] = where_it_pays(result["hooks"], result["parameters"],
                                                 world=8, loopback=model, rank=RANK)

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddplab
-from ddplab import costmodel, netns, timing
+from ddplab import costmodel, netns, nodes_verdicts, timing
 from ddplab import nodes_report as report
 from ddplab.launch import RankFailed
 from ddplab.models import ResidualMLP
@@ -289,20 +289,18 @@ def raise_on_sigterm() -> None:
 # --- the model: calibrated, checked against the link, projected -------------------------------
 
 def calibration(out: Path) -> dict:
-    """α and β from chapter 03, compute from chapter 05: the reader's runs, else the committed."""
+    """α, β, γ from chapter 03, compute from chapter 05: the reader's runs, else the committed."""
     for where, root in (("your run", out), ("the committed run", ddplab.results.REPO_ROOT
                                              / "figures")):
+        fit = costmodel.chapter03_fit(root)  # None for a --quick run: no bandwidth in it
         try:
-            ch03 = ddplab.read_results(root, 3)
-            fit = ch03.get("alpha_beta", {}).get("native") or {}
-            alpha, beta = float(fit["alpha_us"]), fit.get("beta_gbps")
-            if beta is None:  # a --quick run cannot see the bandwidth: try the next source
-                continue
             compute = float(ddplab.read_results(root, 5)["step_time_ms"]["local"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue  # missing, or keys of another shape (chapter 03's keys may change)
-        return {"alpha_us": alpha, "beta_gbps": float(beta), "compute_ms": compute,
-                "source": f"chapters 03 and 05, {where} ({root})"}
+            continue  # missing, or keys of another shape
+        if fit is not None:
+            return {"alpha_us": fit["alpha_us"], "beta_gbps": fit["beta_gbps"],
+                    "gamma_s_per_byte": fit["gamma_s_per_byte"], "compute_ms": compute,
+                    "source": f"chapters 03 and 05, {where} ({root})"}
     raise ddplab.UsageError(
         "the cost model needs chapter 03's alpha-beta fit (a full run, not --quick) and "
         f"chapter 05's step time, and found neither in {out} nor in the committed figures/: "
@@ -318,7 +316,8 @@ def predict_emulated(compute_ms: float, grad_bytes: int, world: int, rate_mbit: 
     if rate_mbit is not None:
         link = min(link, rate_mbit * 1e6 / 8)
     def allreduce(size: float) -> float:
-        return costmodel.ring_time(size, world, cal["alpha_us"] * 1e-6, link)
+        return costmodel.ring_time(size, world, cal["alpha_us"] * 1e-6, link,
+                                   cal.get("gamma_s_per_byte", 0.0))
     buckets = costmodel.bucket_sizes(grad_bytes, BUCKET_CAP_MB * MiB)
     return costmodel.step_time(compute_ms * 1e-3, buckets, allreduce)["step_s"] * 1e3
 # --8<-- [end:predict_link]
@@ -355,10 +354,12 @@ def validate(one: dict, two: dict | None, cal: dict) -> dict:
                                                for r in rows.values())}
 
 
-MODELS = {  # name: (gradient bytes, compute seconds per step on one GPU, how compute was set)
+MODELS = {  # name: (gradient bytes or buckets, compute s per step on one GPU, how it was set)
     "book": None,  # filled from chapter 05's measured compute
-    "1B": (2 * 1e9, costmodel.transformer_compute_s(1e9, 16384), "6·P·tokens at 40 % MFU"),
-    "7B": (2 * 7e9, costmodel.transformer_compute_s(7e9, 16384), "6·P·tokens at 40 % MFU"),
+    "1B": (costmodel.transformer_gradient_buckets(1e9), costmodel.transformer_compute_s(
+        1e9, 16384), "6·P·tokens at 40 % MFU"),
+    "7B": (costmodel.transformer_gradient_buckets(7e9), costmodel.transformer_compute_s(
+        7e9, 16384), "6·P·tokens at 40 % MFU"),
 }
 GPUS = [2 ** k for k in range(1, 11)]  # 2 … 1024
 
@@ -373,7 +374,9 @@ def project(cal: dict, book_grad_bytes: int, links=("ib-ndr", "eth-100g"),
             eff = [costmodel.cluster_step(compute, grad, n, link=link, algo=algo)["efficiency"]
                    for n in GPUS]
             out[f"{name}_{link}"] = {"gpus": GPUS, "efficiency": eff, "compute_s": compute,
-                                     "grad_bytes": grad, "compute_from": how,
+                                     "grad_bytes": sum(grad) if isinstance(grad, list) else grad,
+                                     "buckets": len(grad) if isinstance(grad, list) else None,
+                                     "compute_from": how,
                                      "at": {str(n): e for n, e in zip(GPUS, eff, strict=True)}}
     return out
 
@@ -425,6 +428,7 @@ def main(argv: list[str] | None = None) -> dict | None:
                "validation": validate(one["result"], two, cal),
                "projection": project(cal, grad_bytes), "links": {
                    k: vars(v) for k, v in costmodel.LINKS.items()}}
+    metrics["verdicts"] = nodes_verdicts.verdicts(metrics, RATES, BUCKET_CAP_MB * MiB)
     if args.gpus:
         metrics["query"] = ask(args, cal, grad_bytes)
     with ddplab.chapter_output(args.out, CHAPTER) as out:

@@ -120,21 +120,25 @@ CHAPTERS = (
             exercises=True),
     Chapter(8, "bug_lab", "bug-lab", "The bug lab",
             "real DDP failures: the exact error, the tool that finds it, the fix",
-            "the bugs on the GPU, shared over gloo", "the nccl-only failures (two ranks on one "
-            "GPU, nccl's watchdog) with nccl's own messages"),
+            "what a laptop shows: the lab runs its bugs on CPU processes over gloo, whatever the "
+            "machine",
+            "the GPU-only bugs, which the page describes but nothing runs: two ranks on one GPU "
+            "(*Duplicate GPU detected*), an NCCL hang ended by the watchdog"),
     Chapter(9, "compression", "compression", "Mixed precision and compression",
             "autocast and GradScaler with DDP; one comm-hook API for both DDPs; fp16, bf16 and "
             "PowerSGD by hand; bytes, loss, a predicted time, where compression pays",
-            "autocast, the hooks and their bytes on the GPU",
-            "what compression saves on a real link (nccl)",
+            "autocast in bf16 (or fp16 + `GradScaler` on GPUs without fast bf16), the hooks on "
+            "GPU tensors, hook compute timed on the GPU",
+            "the hooks over nccl, and the prediction checked against a real link",
             (Headline("our PowerSGD vs torch's: largest difference",
                       "equivalence.our_powersgd_vs_torch_powersgd", "g"),),
             exercises=True),
     Chapter(10, "many_nodes", "many-nodes", "Many machines",
             "two emulated nodes over a rate-limited link, `torchrun --nnodes 2`, a cost model to "
             "1024 GPUs, SLURM and Kubernetes recipes",
-            "the two-node emulation runs on the CPU (network namespaces)",
-            "real nodes: the recipes, with nccl",
+            "what a laptop shows: the emulated nodes run CPU ranks over gloo, and the cost model "
+            "needs no GPU",
+            "real multi-node runs: one `torchrun` per machine (the recipes)",
             (Headline("two-node failover vs uninterrupted: largest difference",
                       "two_node.failover.max_abs_diff", "g"),)),
 )

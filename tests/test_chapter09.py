@@ -73,7 +73,16 @@ def test_prediction_and_link_table_are_recorded(spawned):
     table = results["where_it_pays"]["speedup"]
     assert set(table) == {"this", "1B"}
     # On NVLink a 1 B model's plain gradient is 4 GB: fp16 halves the bytes, the cast is cheap.
-    assert table["1B"]["NVLink4"]["fp16_h100"] > 1.0
+    assert table["1B"]["nvlink4"]["fp16_h100"] > 1.0
+    assert results["where_it_pays"]["billion"]["buckets"] == 15   # never a split parameter
+
+
+@pytest.mark.slow
+def test_powersgd_recovers_from_one_overflow_and_torchs_does_not(spawned):
+    overflow = spawned[2]["powersgd_overflow"]
+    assert overflow["ours"]["skipped_after"] == 0
+    assert overflow["torch"]["skipped_after"] == overflow["steps_after"]
+    assert overflow["ours"]["skipped"][overflow["overflow_step"]]   # the overflow itself skips
 
 
 def test_too_few_steps_is_one_clear_line():

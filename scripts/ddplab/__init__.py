@@ -19,9 +19,12 @@
     bugs/            chapter 08's bug lab: real DDP failures as broken/fixed function pairs
     comm_hooks.py    communication hooks: GradBucket's API for BucketedDDP, fp16/bf16, byte counts
     powersgd.py      PowerSGD by hand (low-rank gradients, error feedback, warm start)
+    precision.py     autocast's type for a device: bf16, or fp16 with a GradScaler
     hook_cost.py     chapter 03's α-β-γ model for a hook, and where compression pays
     netns.py         two emulated machines: network namespaces joined by a rate-limited veth
-    costmodel.py     a DDP step's cost: α-β all-reduce (ring, tree, hierarchical) and overlap
+    costmodel.py     a DDP step's cost: the one link table, ring formula (α, β, γ), chapter 03
+                     lookup and bucket layout; all-reduce (ring, tree, hierarchical), overlap
+    nodes_verdicts.py  what chapter 10's numbers say, computed for its page
 """
 
 from .bucketed_ddp import BucketedDDP

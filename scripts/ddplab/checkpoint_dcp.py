@@ -46,7 +46,7 @@ def save_distributed(directory: Path, step: int, model, optimizer, extra: dict,
     model_state, optim_state = get_state_dict(model, optimizer)  # DDP's "module." removed
     rank = dist.get_rank()
     state = {"model": model_state, "optimizer": optim_state, "extra": extra,
-             f"rng/rank{rank}": rng_state(_device_of(model))}  # one key per rank
+             "rng": every_ranks_rng(_device_of(model))}  # the same keys on every rank
     if rank == 0:  # saving a step again: it is not complete until hashed again
         (path / MANIFEST).unlink(missing_ok=True)
     dcp.save(state, checkpoint_id=path)  # ends with a collective: every file is written
@@ -69,18 +69,29 @@ def load_distributed(path: Path, model, optimizer, extra: dict) -> dict:
     verify_manifest(Path(path))  # every rank checks every file: all ranks fail together
     device = _device_of(model)
     model_state, optim_state = get_state_dict(model, optimizer)  # the tensors to load into
-    key = f"rng/rank{dist.get_rank()}"
     state = {"model": model_state, "optimizer": optim_state, "extra": dict(extra),
-             key: rng_state(device)}
+             "rng": [rng_state(device) for _ in range(dist.get_world_size())]}  # as saved
     try:
         dcp.load(state, checkpoint_id=path)
     except BaseException as err:  # DCP's CheckpointException derives from BaseException
         raise CheckpointError(f"{path} cannot be loaded ({_dcp_cause(err)})") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
-    set_rng_state(state[key], device)
+    set_rng_state(state["rng"][dist.get_rank()], device)
     return state["extra"]
 # --8<-- [end:dcp_load]
+
+
+def every_ranks_rng(device: torch.device) -> list[dict]:
+    """Every rank's generator states, as one list indexed by rank, on every rank.
+
+    ``dcp.load`` needs the same keys on every rank ("mismatched keys may result in hangs or
+    errors", its docstring), so a key per rank will not do; and a value saved under one key by
+    every rank is taken as replicated and written once.  A list gathered from all ranks is both:
+    the same keys, the same value.  Loading needs the same world size as saving."""
+    states: list = [None] * dist.get_world_size()
+    dist.all_gather_object(states, rng_state(device))
+    return states
 
 
 def write_manifest(path: Path) -> None:

@@ -15,10 +15,17 @@ when backward ends is exposed.  Assumptions are named where they are made.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import torch
+
+from .bucketed_ddp import assign_buckets
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -31,8 +38,13 @@ class Link:
     source: str
 
 
-# Bandwidths are vendor line rates per direction; α are assumptions (order of magnitude of a
-# small message through NCCL/verbs or a TCP socket), not measurements: the page says so.
+# The book's one link table (chapters 09 and 10 and their pages read it from here).
+# β: vendor line rates per direction, cited per link.  α: one message's cost, an assumption of
+# the right order, not a measurement (the pages say so).  NVLink: NCCL's own tuning table
+# (nccl src/graph/tuning.cc, ``hwLat``) charges 3.4 µs per ring step on NVLink with the Simple
+# protocol.  InfiniBand: about 1 µs verbs latency (ConnectX-6/-7 product briefs) plus NCCL's
+# proxy thread, a few µs in the same table's network row.  Ethernet: TCP through the kernel's
+# socket stack, tens of µs per small message (NCCL and gloo both use plain sockets there).
 LINKS = {
     "nvlink4": Link("NVLink 4 (H100 SXM)", 450.0, 3.0,
                     "NVIDIA H100 datasheet: NVLink 900 GB/s per GPU, both directions"),
@@ -47,11 +59,15 @@ LINKS = {
 
 
 # --8<-- [start:allreduce]
-def ring_time(size: float, n: int, alpha_s: float, bytes_per_s: float) -> float:
-    """Seconds for a ring all-reduce of ``size`` bytes over ``n`` ranks."""
+def ring_time(size: float, n: int, alpha_s: float, bytes_per_s: float,
+              gamma_s_per_byte: float = 0.0, calls: int = 1) -> float:
+    """Seconds for ``calls`` ring all-reduces of ``size`` bytes in all over ``n`` ranks:
+    2(N-1)·α per call, 2(N-1)/N·S/B on the wire, (N-1)/N·S·γ of adding (chapter 03).
+    The time is affine in the size, so the calls' total size is all it needs."""
     if n <= 1:
         return 0.0
-    return 2 * (n - 1) * alpha_s + 2 * (n - 1) / n * size / bytes_per_s
+    return (2 * (n - 1) * alpha_s * calls + 2 * (n - 1) / n * size / bytes_per_s
+            + (n - 1) / n * size * gamma_s_per_byte)
 
 
 def tree_time(size: float, n: int, alpha_s: float, bytes_per_s: float) -> float:
@@ -77,9 +93,70 @@ def hierarchical_time(size: float, gpus: int, per_node: int, intra: Link, inter:
 
 
 def bucket_sizes(total_bytes: float, cap_bytes: float) -> list[float]:
-    """Buckets in the order backward fills them (DDP caps each at ``bucket_cap_mb``)."""
+    """Even buckets of ``cap_bytes``: right only for a model of many parameters each far below
+    the cap (DDP never splits a parameter; ``parameter_buckets`` packs real shapes)."""
     full, rest = divmod(total_bytes, cap_bytes)
     return [cap_bytes] * int(full) + ([rest] if rest else [])
+
+
+def parameter_buckets(shapes: list[tuple[int, ...]], cap_bytes: float,
+                      bytes_per_element: int = 4) -> list[list[tuple[int, ...]]]:
+    """The buckets DDP builds for parameters of these shapes (defined in this order), by the
+    book's one packing rule: a parameter is never split, so one larger than the cap is a bucket
+    of its own.  Meta tensors: shapes and sizes without memory."""
+    dtype = {4: torch.float32, 2: torch.bfloat16}[bytes_per_element]
+    named = [(str(i), torch.empty(shape, dtype=dtype, device="meta"))
+             for i, shape in enumerate(shapes)]
+    return [[tuple(p.shape) for _, p in bucket]
+            for bucket in assign_buckets(named, int(cap_bytes))]
+
+
+def transformer_matrices(params: float, hidden: int = 4096,
+                         mlp: int = 16384) -> list[tuple[int, int]]:
+    """An assumed transformer's weights as its MLP matrices, hidden × mlp and back, enough of
+    them for ``params`` parameters (attention and embeddings folded into the count)."""
+    count = round(params / (hidden * mlp))
+    return [(mlp, hidden) if i % 2 == 0 else (hidden, mlp) for i in range(count)]
+
+
+def transformer_gradient_buckets(params: float, cap_bytes: float = 25 * 2**20) -> list[float]:
+    """Bytes of each bucket of an assumed transformer's gradients: float32 (DDP under autocast
+    keeps gradients in the parameters' type unless a hook casts them), packed as DDP packs."""
+    buckets = parameter_buckets(transformer_matrices(params), cap_bytes, bytes_per_element=4)
+    return [4.0 * sum(math.prod(shape) for shape in bucket) for bucket in buckets]
+
+
+def chapter03_calibration(out: Path) -> dict | None:
+    """α, β and γ of chapter 03's fit of native all-reduce: the reader's run in ``out``, else
+    the committed one; None if neither has them (a --quick run fits no bandwidth)."""
+    for root in (Path(out), REPO / "figures"):
+        fit = chapter03_fit(root)
+        if fit is not None:
+            return fit
+    return None
+
+
+def chapter03_fit(root: Path) -> dict | None:
+    """The fit in ``root/chapter03/results.json``, or None if it is missing or incomplete."""
+    path = Path(root) / "chapter03" / "results.json"
+    try:
+        r = json.loads(path.read_text())
+        fit = r["alpha_beta"]["native"]
+        cal = {"alpha_us": float(fit["alpha_us"]), "beta_gbps": float(fit["beta_gbps"]),
+               "alpha_s": float(fit["alpha_us"]) * 1e-6,
+               "bytes_per_s": float(fit["beta_gbps"]) * 1e9,
+               "gamma_s_per_byte": 1e-9 / float(r["gamma_gbps"])}
+    except (OSError, KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None  # missing, or written by another version of chapter 03
+    typical = r.get("median_ms", {}).get("native", {})  # every call, stalls included
+    fast = r.get("time_ms", {}).get("native", {})       # the p10 calls the fit uses
+    cal["median_over_fit"] = {size: typical[size] / fast[size]
+                              for size in fast if size in typical and fast[size] > 0}
+    where = path.resolve()
+    source = where.relative_to(REPO) if where.is_relative_to(REPO) else where
+    provenance = r.get("provenance", {})
+    return {**cal, "world_size": provenance.get("world_size"),
+            "measured": provenance.get("date"), "source": str(source)}
 
 
 # --8<-- [start:step]
@@ -100,10 +177,11 @@ def step_time(compute_s: float, buckets: list[float], allreduce, backward_share=
 # --8<-- [end:step]
 
 
-def cluster_step(compute_s: float, grad_bytes: float, gpus: int, *, link: str,
+def cluster_step(compute_s: float, grad_bytes: float | list[float], gpus: int, *, link: str,
                  per_node: int = 8, nics_per_node: int | None = None, algo: str = "ring",
                  cap_bytes: float = 25 * 2**20, intra: str = "nvlink4") -> dict:
-    """A step on ``gpus`` GPUs, ``per_node`` per node, nodes joined by ``link``."""
+    """A step on ``gpus`` GPUs, ``per_node`` per node, nodes joined by ``link``; the gradient
+    given as its total bytes (even buckets) or as its real buckets' bytes."""
     inter = LINKS[link]
     nics = nics_per_node if nics_per_node is not None else (
         per_node if link.startswith("ib") else 1)  # rail-optimised IB: one NIC per GPU
@@ -111,7 +189,9 @@ def cluster_step(compute_s: float, grad_bytes: float, gpus: int, *, link: str,
     def allreduce(size: float) -> float:
         return hierarchical_time(size, gpus, per_node, LINKS[intra], inter, nics, algo)
 
-    return step_time(compute_s, bucket_sizes(grad_bytes, cap_bytes), allreduce)
+    buckets = (list(grad_bytes) if isinstance(grad_bytes, list)
+               else bucket_sizes(grad_bytes, cap_bytes))
+    return step_time(compute_s, buckets, allreduce)
 
 
 def transformer_compute_s(params: float, tokens_per_gpu: int, peak_tflops: float = 989.0,

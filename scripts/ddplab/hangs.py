@@ -24,7 +24,8 @@ from .launch import RankFailed, launch, started_by_torchrun
 def dump_flight_recorder(path: Path) -> None:
     """Write this rank's flight recorder (its last collectives: kind, sizes, state) to ``path``.
 
-    It records only if TORCH_FR_BUFFER_SIZE (entries kept) is set before init_process_group.
+    It records by default in torch 2.13: TORCH_FR_BUFFER_SIZE (entries kept, read when the
+    first process group starts) defaults to 2000, and 0 turns it off (FlightRecorder.hpp).
     NCCL's watchdog writes it by itself when a collective times out; gloo (torch 2.13) records
     but never writes it: call this where the timeout surfaces, in an ``except`` block.
     """
@@ -79,7 +80,8 @@ def _with_flight_recorder(ctx, args) -> None:
 
 @contextmanager
 def flight_recorder_on(entries: int = 64) -> Iterator[None]:
-    """TORCH_FR_BUFFER_SIZE for the ranks about to be started (read at init_process_group)."""
+    """A small TORCH_FR_BUFFER_SIZE for the ranks about to be started (the default, 2000, would
+    do too); set here so that a reader's TORCH_FR_BUFFER_SIZE=0 cannot empty the demo."""
     before = os.environ.get("TORCH_FR_BUFFER_SIZE")
     os.environ["TORCH_FR_BUFFER_SIZE"] = str(entries)
     try:

@@ -7,105 +7,121 @@ A hook's reduction costs its all-reduces (counted: ``comm_hooks.count_bytes``) t
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import math
 
-# Links (per direction).  Ethernet: IEEE 802.3 line rates.  InfiniBand HDR 200 Gb/s and NDR
-# 400 Gb/s per port (NVIDIA ConnectX-6 / ConnectX-7 product briefs).  NVLink 4: 900 GB/s per
-# H100 GPU, both directions together (NVIDIA H100 Tensor Core GPU datasheet).  Latencies: typical
-# values, assumed (TCP over Ethernet ~20 µs, RDMA and NVLink a few µs); bandwidth dominates here.
-LINKS = {"10GbE": (1.25e9, 20e-6), "25GbE": (3.125e9, 20e-6), "100GbE": (12.5e9, 15e-6),
-         "IB_HDR": (25e9, 3e-6), "IB_NDR": (50e9, 3e-6), "NVLink4": (450e9, 3e-6)}
-REPO = Path(__file__).resolve().parents[2]
+from .costmodel import LINKS, parameter_buckets, ring_time, transformer_matrices
+
 H100 = {"hbm_bytes_per_s": 3.35e12, "fp32_flops": 67e12}  # H100 SXM datasheet (HBM3, FP32)
-
-
-# --- the alpha-beta-gamma model ----------------------------------------------------------
-
-def chapter03_model(out: Path) -> dict | None:
-    """α, β, γ from chapter 03's results.json (its fit of native all-reduce), or None."""
-    for path in (out / "chapter03" / "results.json",
-                 REPO / "figures" / "chapter03" / "results.json"):
-        try:
-            r = json.loads(path.read_text())
-            fit = r["alpha_beta"]["native"]
-            model = {"alpha_s": fit["alpha_us"] * 1e-6, "beta_s_per_byte": 1e-9 / fit["beta_gbps"],
-                     "gamma_s_per_byte": 1e-9 / r["gamma_gbps"]}
-        except (OSError, KeyError, TypeError, ValueError, ZeroDivisionError):
-            continue  # missing, or written by another version of chapter 03
-        where = path.resolve()
-        source = where.relative_to(REPO) if where.is_relative_to(REPO) else where
-        return {**model, "world_size": r.get("provenance", {}).get("world_size"),
-                "measured": r.get("provenance", {}).get("date"), "source": str(source)}
-    return None
+# Memory traffic of each hook per gradient element (float32 buffer, 4 B an element):
+# a cast hook reads 4 and writes 2 to cast, reads and writes 2 + 2 to divide, reads 2 and writes
+# 4 to copy the sum back: 16 B.  PowerSGD adds the residual (read 4 + 4, write 4), keeps a copy
+# (4 + 4), reads M for P = MQ and for Q = MᵀP (4 + 4), writes M = PQᵀ (4) and the new residual
+# (read 4 + 4, write 4): 44 B, besides its 6·n·m·r flops.
+CAST_BYTES_PER_ELEMENT, POWERSGD_BYTES_PER_ELEMENT = 16, 44
+CAP_BYTES = 25 * 2**20          # DDP's default bucket_cap_mb
 
 
 # --8<-- [start:predict]
-def allreduce_time(size_bytes: float, world: int, alpha: float, beta: float,
-                   gamma: float) -> float:
-    """Chapter 03: t = 2(N-1)·α + 2(N-1)/N·S·β + (N-1)/N·S·γ  (seconds)."""
-    if world < 2:
-        return 0.0
-    return 2 * (world - 1) * alpha + (2 * (world - 1) / world * beta
-                                      + (world - 1) / world * gamma) * size_bytes
-
-
 def predict_hook_ms(hook: dict, world: int, m: dict) -> float:
-    """Each all-reduce the hook made, through the model, plus its compute measured alone.
-    The model is affine in the size, so the calls' total size is all it needs."""
-    alpha_part = hook["calls"] * allreduce_time(0, world, m["alpha_s"], 0, 0)
-    size_part = allreduce_time(hook["payload_bytes"], world, 0, m["beta_s_per_byte"],
-                               m["gamma_s_per_byte"])
-    return (alpha_part + size_part) * 1e3 + hook["compute_ms"]
+    """Each all-reduce the hook made (counted), through chapter 03's model, plus the hook's
+    compute, measured alone."""
+    comm = ring_time(hook["payload_bytes"], world, m["alpha_s"], m["bytes_per_s"],
+                     m["gamma_s_per_byte"], calls=hook["calls"])
+    return comm * 1e3 + hook["compute_ms"]
 # --8<-- [end:predict]
 
 
+def stall_factor(size: float, m: dict) -> float:
+    """How much slower chapter 03's median all-reduce was than the calls its fit used, at the
+    measured size nearest ``size`` (on a log scale); 1 if the run did not record medians."""
+    ratios = m.get("median_over_fit") or {}
+    if not ratios or size <= 0:
+        return 1.0
+    nearest = min(ratios, key=lambda s: abs(math.log(float(s) / size)))
+    return ratios[nearest]
+
+
 def prediction(hooks: dict, world: int, m: dict | None) -> dict:
+    """Predicted against measured, per hook, and what the comparison says: the range of the
+    errors, which hook is least off, and how much of each gap the stalls explain."""
     if m is None:
         return {"skipped": "no figures/chapter03/results.json: run chapter 03 first"}
     rows = {}
     for name, h in hooks.items():
         predicted = predict_hook_ms(h, world, m)
+        comm = predicted - h["compute_ms"]  # scaled at the calls' mean size, one factor for all
+        with_stalls = comm * stall_factor(h["payload_bytes"] / max(h["calls"], 1), m) + (
+            h["compute_ms"])
+        gap = h["measured_ms"] - predicted
         rows[name] = {"predicted_ms": predicted, "measured_ms": h["measured_ms"],
-                      "rel_err": (predicted - h["measured_ms"]) / h["measured_ms"]}
-    rows_err = [abs(r["rel_err"]) for r in rows.values()]
-    return {"per_hook": rows, "max_abs_rel_err": max(rows_err),
-            "within_15_percent": (within := [n for n, r in rows.items()
-                                             if abs(r["rel_err"]) <= 0.15]),
-            "within_15_percent_text": ", ".join(within) if within else "none of them",
-            "model": m}
+                      "rel_err": (predicted - h["measured_ms"]) / h["measured_ms"],
+                      "predicted_with_stalls_ms": with_stalls,
+                      "stalls_explain": (with_stalls - predicted) / gap if gap else 0.0,
+                      "unexplained_ms": h["measured_ms"] - with_stalls}
+    return {"per_hook": rows, **error_verdict(rows), "model": m}
+
+
+def error_verdict(rows: dict) -> dict:
+    errors = {name: r["rel_err"] for name, r in rows.items()}
+    within = [n for n, e in errors.items() if abs(e) <= 0.15]
+    below, above = sum(e < 0 for e in errors.values()), sum(e > 0 for e in errors.values())
+    direction = ("below the measured time for every hook" if below == len(errors) else
+                 "above the measured time for every hook" if above == len(errors) else
+                 f"below for {below} hooks and above for {above}")
+    return {"max_abs_rel_err": max(abs(e) for e in errors.values()),
+            "min_rel_err": min(errors.values()), "max_rel_err": max(errors.values()),
+            "least_off": min(errors, key=lambda n: abs(errors[n])),
+            "most_off": max(errors, key=lambda n: abs(errors[n])),
+            "direction_text": direction, "within_15_percent": within,
+            "within_15_percent_text": ", ".join(within) if within else "none of them"}
 
 
 # --- where does compression pay? --------------------------------------------------------
 
 def billion_model(rank: int) -> dict:
-    """An assumed 1 B-parameter model: transformer MLP matrices 4096 × 16384 (and back)."""
-    n, m = 4096, 16384
-    matrices = round(1e9 / (n * m))
-    return {"parameters": matrices * n * m, "buckets": -(-matrices * n * m * 4 // (25 * 2**20)),
-            "payload_powersgd": matrices * rank * (n + m) * 4,
-            "powersgd_flops": matrices * 6 * n * m * rank}
+    """An assumed 1 B-parameter model, its matrices in the buckets DDP really builds (a
+    parameter is never split: each 256 MiB matrix is a bucket of its own)."""
+    buckets = parameter_buckets(transformer_matrices(1e9), CAP_BYTES)
+    shapes = [shape for bucket in buckets for shape in bucket]
+    numel = sum(n * m for n, m in shapes)
+    return {"parameters": numel, "matrix_shape": list(shapes[0]), "matrices": len(shapes),
+            "buckets": len(buckets),
+            "payload_powersgd": sum(rank * (n + m) * 4 for n, m in shapes),
+            "powersgd_flops": sum(6 * n * m * rank for n, m in shapes)}
 
 
 # --8<-- [start:links]
-def hook_cost_s(sent_bytes: float, compute_s: float, world: int, bandwidth: float,
-                alpha: float, calls: int) -> float:
-    """Communication (ring: 2(N-1)/N of the bytes each way) + compression compute."""
-    return (2 * (world - 1) * alpha * calls
-            + 2 * (world - 1) / world * sent_bytes / bandwidth + compute_s)
-
-
+def reduction_s(sent_bytes: float, compute_s: float, world: int, link: dict,
+                calls: int) -> float:
+    """A hook's reduction: its all-reduces through the ring model, plus its compute."""
+    return ring_time(sent_bytes, world, link["alpha_s"], link["bytes_per_s"],
+                     calls=calls) + compute_s
 # --8<-- [end:links]
+
+
+def h100_compute_s(numel: float, rank: int) -> dict:
+    """Each hook's compute on an H100, from its memory traffic and flops (assumed, see top)."""
+    cast = CAST_BYTES_PER_ELEMENT * numel / H100["hbm_bytes_per_s"]
+    return {"none": 0.0, "fp16": cast, "bf16": cast,
+            "powersgd": (6 * numel * rank / H100["fp32_flops"]
+                         + POWERSGD_BYTES_PER_ELEMENT * numel / H100["hbm_bytes_per_s"])}
 
 
 def where_it_pays(hooks: dict, params: int, world: int, loopback: dict | None,
                   rank: int) -> dict:
-    """Speed-up of each hook's reduction over plain fp32 averaging, per link and model."""
+    """Speed-up of each hook's reduction over plain fp32 averaging, per link and model, and
+    per model and compute the verdict: on which links each hook pays, and the best one."""
     big = billion_model(rank)
-    links = {key: bw for key, bw in LINKS.items()}
+    links = {key: {"alpha_s": link.alpha_us * 1e-6, "bytes_per_s": link.gbytes_per_s * 1e9,
+                   "name": link.name}
+             for key, link in sorted(LINKS.items(), key=lambda kv: kv[1].gbytes_per_s)}
     if loopback is not None:
-        links = {"loopback": (1 / loopback["beta_s_per_byte"], loopback["alpha_s"]), **links}
+        links = {"loopback": {"alpha_s": loopback["alpha_s"],
+                              "bytes_per_s": loopback["bytes_per_s"],
+                              "name": "loopback (chapter 03)"}, **links}
     cpu_s_per_byte = {h: hooks[h]["compute_ms"] * 1e-3 / (params * 4) for h in hooks}
+    # PowerSGD on the 1 B model: torch's hook makes three all-reduces per bucket (the
+    # uncompressed tensors', even when there are none, then P's and Q's).
     models = {
         "this": {"bytes": params * 4, "sent": {h: hooks[h]["payload_bytes"] for h in hooks},
                  "calls": {h: hooks[h]["calls"] for h in hooks},
@@ -118,22 +134,40 @@ def where_it_pays(hooks: dict, params: int, world: int, loopback: dict | None,
     }
     table = {}
     for model_name, mdl in models.items():
-        numel = mdl["bytes"] / 4
-        h100 = {"none": 0.0, "fp16": 6 * numel / H100["hbm_bytes_per_s"],
-                "bf16": 6 * numel / H100["hbm_bytes_per_s"],
-                "powersgd": (6 * numel * rank / H100["fp32_flops"]
-                             + 12 * numel / H100["hbm_bytes_per_s"])}
-        for link, (bw, alpha) in links.items():
+        compute = {"cpu": mdl["compute_cpu"], "h100": h100_compute_s(mdl["bytes"] / 4, rank)}
+        for link_name, link in links.items():
             row = {}
-            for where, compute in (("cpu", mdl["compute_cpu"]), ("h100", h100)):
-                base = hook_cost_s(mdl["sent"]["none"], compute["none"],
-                                   world, bw, alpha, mdl["calls"]["none"])
+            for where, spent in compute.items():
+                base = reduction_s(mdl["sent"]["none"], spent["none"], world, link,
+                                   mdl["calls"]["none"])
                 for h in ("fp16", "bf16", "powersgd"):
-                    cost = hook_cost_s(mdl["sent"][h], compute[h], world, bw,
-                                       alpha, mdl["calls"][h])
-                    row[f"{h}_{where}"] = base / cost
+                    row[f"{h}_{where}"] = base / reduction_s(mdl["sent"][h], spent[h], world,
+                                                             link, mdl["calls"][h])
                 row[f"none_ms_{where}"] = base * 1e3
-            table.setdefault(model_name, {})[link] = row
-    return {"world_size": world, "rank": rank, "links": {k: {"bytes_per_s": v[0], "alpha_s": v[1]}
-                                                         for k, v in links.items()},
-            "billion": big, "speedup": table}
+            table.setdefault(model_name, {})[link_name] = row
+    return {"world_size": world, "rank": rank, "links": links, "billion": big,
+            "speedup": table, "verdict": verdicts(table, links)}
+
+
+def verdicts(table: dict, links: dict) -> dict:
+    """Per model, compute and link: the best hook and its speed-up, in words too; per model and
+    compute: the links where PowerSGD, and where fp16, pays (speed-up above 1)."""
+    out = {}
+    for model_name, rows in table.items():
+        for where in ("cpu", "h100"):
+            verdict = {}
+            for link_name, row in rows.items():
+                best = max(("fp16", "bf16", "powersgd"), key=lambda h: row[f"{h}_{where}"])
+                x = row[f"{best}_{where}"]
+                verdict[link_name] = {
+                    "best_hook": best, "speedup": x,
+                    "text": (f"{HOOK_NAMES[best]} pays most, {x:.1f}×" if x > 1 else
+                             f"no hook pays (the best, {HOOK_NAMES[best]}, {x:.2f}×)")}
+            for h in ("fp16", "powersgd"):
+                pays = [links[k]["name"] for k, row in rows.items() if row[f"{h}_{where}"] > 1]
+                verdict[f"{h}_pays_on"] = "; ".join(pays) if pays else "no link of the table"
+            out.setdefault(model_name, {})[where] = verdict
+    return out
+
+
+HOOK_NAMES = {"fp16": "fp16", "bf16": "bf16", "powersgd": "PowerSGD"}

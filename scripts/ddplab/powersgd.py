@@ -15,6 +15,10 @@ and a **warm start** (Q is kept from the last step: one power-iteration step per
 refines it).  Vectors (biases, LayerNorm) and matrices too small to gain are averaged as they
 are.  The first ``start_iter`` steps use plain averaging, as torch's ``start_powerSGD_iter``.
 
+With a GradScaler one overflow would end training: error feedback would keep the inf (as NaN)
+in the residual and the warm start in Q, so every later step would be non-finite and skipped.
+torch 2.13's ``powerSGD_hook`` stores both unconditionally; this one forgets them instead.
+
 Written to be read, so it waits for each all-reduce in turn (torch chains futures instead);
 it draws its random start and orders its matrices as torch does, so that the two agree.
 """
@@ -108,10 +112,7 @@ def powersgd_hook(state: PowerSGDState, bucket):  # returns a Future
     buffer += state.error.get(key, 0)             # error feedback: add what was lost last time
     before = buffer.clone()
     matrices, plain = split(bucket.gradients(), state)
-    if plain:                                     # vectors and small matrices: sent whole
-        flat = average(torch.cat([t.reshape(-1) for t in plain]), group)
-        for t, avg in zip(plain, flat.split([t.numel() for t in plain]), strict=True):
-            t.copy_(avg.view_as(t))
+    average_whole(plain, group)                   # vectors and small matrices: sent whole
     qs = start_qs(matrices, state, key)
     for q in qs:
         orthogonalize(q)
@@ -127,9 +128,31 @@ def powersgd_hook(state: PowerSGDState, bucket):  # returns a Future
     for m, p, q, avg_q in zip(matrices, ps, qs, unflatten(flat_q, qs), strict=True):
         q.copy_(avg_q.view_as(q))                                  # kept: the warm start
         m.copy_(matmul(p, q.t()))                                  # M ≈ P Qᵀ, into the bucket
-    state.error[key] = before - buffer                             # what the rank r missed
+    if torch.isfinite(buffer).all():
+        state.error[key] = before - buffer                         # what the rank r missed
+    else:                   # an overflow (seen by every rank: P and Q are all-reduced)
+        forget(state, key)  # the scaler skips this step; keep no inf/NaN for the next
     return completed(buffer)
 # --8<-- [end:powersgd]
+
+
+# --8<-- [start:forget]
+def forget(state: PowerSGDState, key: int) -> None:
+    """After a non-finite gradient, drop the residual and the warm-start Q: both would hold
+    inf/NaN from now on, and every later step would be skipped.  The residual is in the
+    scaler's units anyway, and the scaler is about to halve its scale."""
+    state.error.pop(key, None)
+    state.q_memory.pop(key, None)
+# --8<-- [end:forget]
+
+
+def average_whole(tensors: list[torch.Tensor], group) -> None:
+    """Average ``tensors`` in place, as one flat all-reduce (none if there are none)."""
+    if not tensors:
+        return
+    flat = average(torch.cat([t.reshape(-1) for t in tensors]), group)
+    for t, avg in zip(tensors, flat.split([t.numel() for t in tensors]), strict=True):
+        t.copy_(avg.view_as(t))
 
 
 def unflatten(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:

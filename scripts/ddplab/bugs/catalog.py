@@ -131,7 +131,7 @@ BY_NAME = {s.name: s for s in SCENARIOS}
 GPU_ONLY = {
     "duplicate_gpu": {
         "summary": "every rank on cuda:0 (no torch.cuda.set_device(local_rank))",
-        "text": "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 0",
+        "text": "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1d000",
         "raised_by": "torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (NCCL's "
                      "ncclInvalidUsage, reported by the process group)",
     },

@@ -1,0 +1,92 @@
+"""Chapters 09 and 10 say what their numbers say: verdicts computed from the results, rendered
+into the page, so a run that measures otherwise changes the sentence.  Also: one link table, one
+ring formula, and the 1 B model in DDP's real buckets."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import chapter10_many_nodes as ch10
+import mkdocs_hooks
+import pytest
+
+from ddplab import costmodel, hook_cost, nodes_verdicts
+
+REPO = Path(__file__).resolve().parents[1]
+MiB = 2**20
+HOOKS = {"none": {"measured_ms": 9.0, "compute_ms": 1.0, "calls": 1, "payload_bytes": 8 * MiB},
+         "fp16": {"measured_ms": 10.0, "compute_ms": 2.0, "calls": 1, "payload_bytes": 4 * MiB},
+         "bf16": {"measured_ms": 8.0, "compute_ms": 2.0, "calls": 1, "payload_bytes": 4 * MiB},
+         "powersgd": {"measured_ms": 10.0, "compute_ms": 7.0, "calls": 3,
+                      "payload_bytes": 2**17}}
+MODEL = {"alpha_s": 1e-4, "bytes_per_s": 2e9, "gamma_s_per_byte": 1e-10,
+         "median_over_fit": {"4194304": 1.5, "8388608": 1.2}}
+
+
+def render_page(page: str, results: dict, chapter: str, monkeypatch) -> str:
+    """The page's markdown with its placeholders filled from ``results`` (for ``chapter``)."""
+    real = mkdocs_hooks.load_results
+    monkeypatch.setattr(mkdocs_hooks, "load_results",
+                        lambda ch: results if ch == chapter else real(ch))
+    markdown = (REPO / "docs" / "chapters" / page).read_text()
+    return mkdocs_hooks.on_page_markdown(markdown, SimpleNamespace(
+        file=SimpleNamespace(src_uri=page)), None, None)
+
+
+def test_a_parameter_is_never_split_across_buckets():
+    buckets = costmodel.parameter_buckets([(16384, 4096), (10,), (4096, 16384)], 25 * MiB)
+    assert buckets == [[(4096, 16384)], [(10,), (16384, 4096)]]  # reverse definition order
+    big = hook_cost.billion_model(rank=2)
+    assert big["buckets"] == big["matrices"] == 15     # each 256 MiB matrix alone
+
+
+def test_one_ring_formula_and_one_link_table():
+    h = HOOKS["powersgd"]
+    comm = costmodel.ring_time(h["payload_bytes"], 2, MODEL["alpha_s"], MODEL["bytes_per_s"],
+                               MODEL["gamma_s_per_byte"], calls=3)
+    assert hook_cost.predict_hook_ms(h, 2, MODEL) == pytest.approx(comm * 1e3 + h["compute_ms"])
+    pays = hook_cost.where_it_pays(HOOKS, 2_000_000, 8, MODEL, rank=2)
+    for key, link in costmodel.LINKS.items():
+        assert pays["links"][key]["alpha_s"] == link.alpha_us * 1e-6
+        assert pays["links"][key]["bytes_per_s"] == link.gbytes_per_s * 1e9
+    cal = ch10.calibration(Path("/nonexistent"))
+    fit = costmodel.chapter03_calibration(Path("/nonexistent"))
+    assert cal["alpha_us"] == pytest.approx(fit["alpha_s"] * 1e6)
+
+
+def test_prediction_verdict_follows_the_numbers():
+    verdict = hook_cost.prediction(HOOKS, 2, MODEL)
+    assert verdict["direction_text"] == "below the measured time for every hook"
+    slow = copy.deepcopy(HOOKS)
+    slow["powersgd"]["measured_ms"] = 1.0         # now the model is pessimistic for one hook
+    flipped = hook_cost.prediction(slow, 2, MODEL)
+    assert flipped["direction_text"] == "below for 3 hooks and above for 1"
+    assert flipped["most_off"] == "powersgd"
+
+
+def test_chapter09_page_sentence_changes_with_results_json(monkeypatch):
+    results = json.loads((REPO / "figures/chapter09/results.json").read_text())
+    before = render_page("09-compression.md", results, "09", monkeypatch)
+    changed = copy.deepcopy(results)
+    changed["where_it_pays"]["verdict"]["1B"]["h100"]["nvlink4"]["text"] = "SENTINEL pays"
+    changed["prediction"]["direction_text"] = "SENTINEL direction"
+    after = render_page("09-compression.md", changed, "09", monkeypatch)
+    assert "SENTINEL" not in before
+    assert "Inside one NVLink machine: SENTINEL pays" in after
+    assert "The prediction is SENTINEL direction" in after
+
+
+def test_chapter10_verdicts_and_page_follow_the_numbers(monkeypatch):
+    results = json.loads((REPO / "figures/chapter10/results.json").read_text())
+    assert results["verdicts"] == nodes_verdicts.verdicts(results, ch10.RATES,
+                                                          ch10.BUCKET_CAP_MB * MiB)
+    changed = copy.deepcopy(results)
+    for run in changed["validation"]["runs"].values():     # every run predicted exactly
+        run["predicted_ms"], run["rel_error"] = run["measured_ms"], 0.0
+    changed["verdicts"] = nodes_verdicts.verdicts(changed, ch10.RATES, ch10.BUCKET_CAP_MB * MiB)
+    assert changed["verdicts"]["model"]["optimistic_beyond_15_percent"] == "none"
+    page = render_page("10-many-nodes.md", changed, "10", monkeypatch)
+    assert "Optimistic\n(predicting a faster step) by more: none;" in page
