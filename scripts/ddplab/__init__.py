@@ -22,6 +22,7 @@
     hook_cost.py     chapter 03's α-β-γ model for a hook, and where compression pays
     netns.py         two emulated machines: network namespaces joined by a rate-limited veth
     costmodel.py     a DDP step's cost: α-β all-reduce (ring, tree, hierarchical) and overlap
+    sharded_optimizer.py  ShardedOptimizer: ZeRO-1, each rank steps and keeps its own state
 """
 
 from .bucketed_ddp import BucketedDDP
@@ -33,6 +34,7 @@ from .naive_ddp import NaiveDDP
 from .ranks import RankContext, get, progress, seed_everything
 from .results import chapter_output, read_results, write_results
 from .ring import naive_all_reduce, ring_all_reduce
+from .sharded_optimizer import ShardedOptimizer
 
 __all__ = [
     "BucketedDDP",
@@ -41,6 +43,7 @@ __all__ = [
     "RankContext",
     "RankFailed",
     "Run",
+    "ShardedOptimizer",
     "UsageError",
     "chapter_output",
     "chapter_parser",

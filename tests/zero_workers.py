@@ -1,0 +1,176 @@
+"""Rank functions for the ZeRO-1 / ZeRO-2 / memory ledger tests (importable, as mp.spawn requires).
+
+One launch per world size runs every check and returns rank 0's findings; every difference is
+the largest over all ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as NativeDDP
+
+from ddplab.sharded_optimizer import ShardedOptimizer, partition_parameters
+
+STEPS = 4
+OPTIMIZERS = {
+    "adamw": (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1}),
+    "sgd_momentum": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}),
+}
+
+
+def several_sizes() -> nn.Module:
+    """Layers of several sizes, none a multiple of 3 or 4: 240, 24, 408, 17, 85, 5 elements."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(10, 24), nn.ReLU(), nn.Linear(24, 17), nn.Tanh(),
+                         nn.Linear(17, 5))
+
+
+def batches(rank: int, steps: int = STEPS, size: int = 7):
+    g = torch.Generator().manual_seed(1000 + rank)
+    return [(torch.randn(size, 10, generator=g), torch.randint(0, 5, (size,), generator=g))
+            for _ in range(steps)]
+
+
+def max_over_ranks(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def largest_difference(pairs) -> float:
+    worst = 0.0
+    for a, b in pairs:
+        if a.shape != b.shape:
+            return float("inf")
+        worst = max(worst, (a.double() - b.double()).abs().max().item())
+    return worst
+
+
+def train_with_ddp(make_optimizer, rank: int, steps: int = STEPS):
+    """Native DDP for the gradients, ``make_optimizer(params)`` for the update."""
+    model = NativeDDP(several_sizes())
+    optimizer = make_optimizer(model.parameters())
+    for x, y in batches(rank, steps):
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.module, optimizer
+
+
+def state_pairs(ours: dict, theirs: dict):
+    """(ours, theirs) for every tensor of every parameter's state; a missing entry is a mismatch."""
+    if ours.keys() != theirs.keys():
+        return [(torch.zeros(1), torch.full((1,), float("inf")))]
+    return [(ours[k][name], theirs[k][name]) for k in ours for name in ours[k]
+            if torch.is_tensor(ours[k][name])]
+
+
+def zero1_run(name: str, rank: int, world_size: int) -> dict:
+    optimizer_class, defaults = OPTIMIZERS[name]
+    plain_model, plain = train_with_ddp(lambda p: optimizer_class(p, **defaults), rank)
+    native_model, native = train_with_ddp(
+        lambda p: ZeroRedundancyOptimizer(p, optimizer_class, **defaults), rank)
+    ours_model, ours = train_with_ddp(
+        lambda p: ShardedOptimizer(p, optimizer_class, **defaults), rank)
+
+    # This rank's state, parameter by parameter (the parameters are matched by position).
+    position = {p: i for i, p in enumerate(ours_model.parameters())}
+    by_position = [{p: i for i, p in enumerate(m.parameters())}
+                   for m in (plain_model, native_model)]
+    ours_state = {position[p]: s for p, s in ours.optim.state.items()}
+    plain_state = {by_position[0][p]: plain.state[p] for p in plain_model.parameters()
+                   if by_position[0][p] in ours_state}
+    native_state = {by_position[1][p]: s for p, s in native.optim.state.items()}
+
+    ours.consolidate_state_dict(to=0)
+    native.consolidate_state_dict(to=0)
+    found = {
+        "params_vs_unsharded": largest_difference(
+            zip(ours_model.parameters(), plain_model.parameters(), strict=True)),
+        "params_vs_zero_redundancy": largest_difference(
+            zip(ours_model.parameters(), native_model.parameters(), strict=True)),
+        "state_vs_unsharded": largest_difference(state_pairs(ours_state, plain_state)),
+        "state_vs_zero_redundancy": largest_difference(state_pairs(ours_state, native_state)),
+        "owned_here": sorted(ours_state),
+    }
+    found = {k: max_over_ranks(v) if isinstance(v, float) else v for k, v in found.items()}
+    if rank == 0:
+        full, reference = ours.state_dict(), plain.state_dict()
+        found["consolidated_keys_equal"] = full["state"].keys() == reference["state"].keys()
+        found["consolidated_vs_unsharded"] = largest_difference(
+            state_pairs(full["state"], reference["state"]))
+        found["consolidated_groups_equal"] = full["param_groups"] == reference["param_groups"]
+        found["consolidated_vs_zero_redundancy"] = largest_difference(
+            state_pairs(full["state"], native.state_dict()["state"]))
+    found["reload_continues_bitwise"] = reload_and_continue(
+        ours_model, ours, plain_model, plain, optimizer_class, defaults, rank)
+    found["state_dict_elsewhere"] = state_dict_on_other_rank(ours, rank)
+    return found
+
+
+def reload_and_continue(ours_model, ours, plain_model, plain, optimizer_class, defaults,
+                        rank) -> float:
+    """Rank 0's consolidated dict loaded on every rank into a fresh ShardedOptimizer: two more
+    steps, compared with the unsharded optimizer's two more steps."""
+    full = [ours.state_dict() if rank == 0 else None]
+    dist.broadcast_object_list(full, src=0)
+    model = NativeDDP(copy.deepcopy(ours_model))
+    reloaded = ShardedOptimizer(model.parameters(), optimizer_class, **defaults)
+    reloaded.load_state_dict(full[0])
+    plain_ddp = NativeDDP(plain_model)
+    for x, y in batches(rank + 50, 2):
+        for m, opt in ((model, reloaded), (plain_ddp, plain)):
+            nn.functional.cross_entropy(m(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    return max_over_ranks(largest_difference(
+        zip(model.module.parameters(), plain_model.parameters(), strict=True)))
+
+
+def state_dict_on_other_rank(ours, rank) -> str | None:
+    """What ``state_dict()`` says on rank 1, where nothing was consolidated (sent to rank 0)."""
+    message = [None]
+    if rank == 1:
+        try:
+            ours.state_dict()
+            message[0] = "no error"
+        except RuntimeError as error:
+            message[0] = str(error)
+    dist.broadcast_object_list(message, src=1)
+    return message[0]
+
+
+def owner_maps(world_size: int) -> dict:
+    """Ours and ZeroRedundancyOptimizer's owner of every parameter (by position), for one group
+    and for two groups (weights with decay, biases without: the totals carry over)."""
+    model = several_sizes()
+    params = list(model.parameters())
+    weights, biases = params[0::2], params[1::2]
+    two_groups = [{"params": weights, "weight_decay": 0.1},
+                  {"params": biases, "weight_decay": 0.0}]
+    position = {p: i for i, p in enumerate(params)}
+    found = {}
+    for case, given in (("one_group", params), ("two_groups", two_groups)):
+        native = ZeroRedundancyOptimizer(given, torch.optim.AdamW, lr=1e-3)
+        ours = ShardedOptimizer(given, torch.optim.AdamW, lr=1e-3)
+        found[case] = {
+            "function": [[position[p] for p in owned]
+                         for owned in partition_parameters(given, world_size)],
+            "native": [[position[p] for g in groups for p in g["params"]]
+                       for groups in native._partition_parameters()],
+            "ours_owner": {position[p]: r for p, r in ours.owner.items()},
+            "native_owner": {position[p]: r for p, r in native._param_to_rank.items()},
+        }
+    return found
+
+
+def zero1_checks(ctx, args) -> dict | None:
+    results = {"owner_maps": owner_maps(ctx.world_size)}
+    for name in OPTIMIZERS:
+        results[name] = zero1_run(name, ctx.rank, ctx.world_size)
+    return results if ctx.is_main else None
