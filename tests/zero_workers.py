@@ -30,9 +30,10 @@ def several_sizes() -> nn.Module:
                          nn.Linear(17, 5))
 
 
-def batches(rank: int, steps: int = STEPS, size: int = 7):
+def batches(rank: int, steps: int = STEPS, size: int = 7, features: int = 10, classes: int = 5):
     g = torch.Generator().manual_seed(1000 + rank)
-    return [(torch.randn(size, 10, generator=g), torch.randint(0, 5, (size,), generator=g))
+    return [(torch.randn(size, features, generator=g),
+             torch.randint(0, classes, (size,), generator=g))
             for _ in range(steps)]
 
 
@@ -173,4 +174,127 @@ def zero1_checks(ctx, args) -> dict | None:
     results = {"owner_maps": owner_maps(ctx.world_size)}
     for name in OPTIMIZERS:
         results[name] = zero1_run(name, ctx.rank, ctx.world_size)
+    return results if ctx.is_main else None
+
+
+# ---------------------------------------------------------------- ZeRO-2 (ddplab/zero2.py)
+
+def aligned_sizes() -> nn.Module:
+    """Every parameter's length a multiple of 12: no bucket of one parameter needs padding at
+    2, 3 or 4 ranks (288, 24, 864, 36, 432, 12 elements)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 36), nn.Tanh(),
+                         nn.Linear(36, 12))
+
+
+ZERO2_CASES = {  # name: (model, bucket_cap_mb) — a tiny cap gives one bucket per parameter
+    "aligned_one_bucket_per_param": (aligned_sizes, 1e-6),
+    "padded_one_bucket": (several_sizes, 25.0),
+    "padded_one_bucket_per_param": (several_sizes, 1e-6),
+}
+
+
+def native_after_rebuild(make_model, cap: float, rank: int):
+    """Native DDP after one backward without a step: its buckets are rebuilt in gradient-ready
+    order, the layout ``assign_buckets`` gives (the first iteration's is one bucket in
+    definition order)."""
+    model = NativeDDP(make_model(), bucket_cap_mb=cap)
+    x, y = batches(rank + 77, 1, features=model.module[0].in_features)[0]
+    nn.functional.cross_entropy(model(x), y).backward()
+    model.zero_grad(set_to_none=True)
+    return model
+
+
+def zero2_run(make_model, cap: float, optimizer_name: str, rank: int) -> dict:
+    from ddplab.zero2 import ShardedGradients
+
+    optimizer_class, defaults = OPTIMIZERS[optimizer_name]
+    native = native_after_rebuild(make_model, cap, rank)
+    reference = optimizer_class(native.parameters(), **defaults)
+    ours = ShardedGradients(make_model(), bucket_cap_mb=cap)
+    optimizer = optimizer_class(ours.shard_parameters(), **defaults)
+    for x, y in batches(rank, features=native.module[0].in_features):
+        for model, opt, gather in ((native, reference, None),
+                                   (ours, optimizer, ours.gather_parameters)):
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            if gather is not None:
+                gather()
+            opt.zero_grad()
+    return {
+        "params": max_over_ranks(largest_difference(
+            zip(ours.module.parameters(), native.module.parameters(), strict=True))),
+        "state": max_over_ranks(gathered_state_difference(ours, optimizer, reference, native)),
+        "layout": [b.names for b in ours.buckets],
+    }
+
+
+def gathered_state_difference(ours, optimizer, reference, native) -> float:
+    """Every shard's state all-gathered into its bucket's layout, compared parameter by
+    parameter with the unsharded optimizer's state (parameters matched by position)."""
+    twin = dict(zip(ours.module.parameters(), native.module.parameters(), strict=True))
+    worst = 0.0
+    for bucket in ours.buckets:
+        for name, shard_state in optimizer.state[bucket.shard].items():
+            if shard_state.dim() == 0:
+                theirs = [reference.state[twin[p]][name] for p in bucket.params]
+                worst = max(worst, *((shard_state - t).abs().item() for t in theirs))
+                continue
+            full = torch.empty_like(bucket.flat)
+            dist.all_gather_into_tensor(full, shard_state)
+            offset = 0
+            for p in bucket.params:
+                mine = full[offset:offset + p.numel()].view_as(p)
+                worst = max(worst, largest_difference([(mine, reference.state[twin[p]][name])]))
+                offset += p.numel()
+    return worst
+
+
+def zero2_bytes(rank: int) -> dict:
+    """Wrap the two collectives for one step and record the buffer each one covers."""
+    from ddplab import zero2
+
+    model = zero2.ShardedGradients(several_sizes(), bucket_cap_mb=1e-3)
+    optimizer = torch.optim.SGD(model.shard_parameters(), lr=0.1)
+    recorded = []
+    originals = dist.reduce_scatter_tensor, dist.all_gather_into_tensor
+
+    def reduce_scatter(output, input, *args, **kwargs):
+        recorded.append(("reduce_scatter", input.numel() * input.element_size()))
+        return originals[0](output, input, *args, **kwargs)
+
+    def all_gather(output, input, *args, **kwargs):
+        recorded.append(("all_gather", output.numel() * output.element_size()))
+        return originals[1](output, input, *args, **kwargs)
+
+    dist.reduce_scatter_tensor, dist.all_gather_into_tensor = reduce_scatter, all_gather
+    try:
+        x, y = batches(rank, 1)[0]
+        nn.functional.cross_entropy(model(x), y).backward()
+        full_grads_kept = sum(p.grad is not None for p in model.module.parameters())
+        optimizer.step()
+        model.gather_parameters()
+    finally:
+        dist.reduce_scatter_tensor, dist.all_gather_into_tensor = originals
+    world = model.world_size
+    return {
+        "recorded": recorded,
+        "predicted": zero2.collective_payloads(model),
+        "measured_sent": sum(zero2.ring_bytes_sent(op, b, world) for op, b in recorded),
+        "predicted_sent": zero2.bytes_sent_per_step(model),
+        "measured_sent_gloo": sum(zero2.ring_bytes_sent(op, b, world, gloo=True)
+                                  for op, b in recorded),
+        "predicted_sent_gloo": zero2.bytes_sent_per_step(model, gloo=True),
+        "numel": sum(p.numel() for p in model.module.parameters()),
+        "padded_numel": sum(b.flat.numel() for b in model.buckets),
+        "full_grads_kept": full_grads_kept,
+        "shard_grad_numels": [b.shard.grad is None or b.shard.grad.numel()
+                              for b in model.buckets],
+    }
+
+
+def zero2_checks(ctx, args) -> dict | None:
+    results = {f"{case}/{opt}": zero2_run(*ZERO2_CASES[case], opt, ctx.rank)
+               for case in ZERO2_CASES for opt in OPTIMIZERS}
+    results["bytes"] = zero2_bytes(ctx.rank)
     return results if ctx.is_main else None
