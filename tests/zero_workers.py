@@ -298,3 +298,80 @@ def zero2_checks(ctx, args) -> dict | None:
                for case in ZERO2_CASES for opt in OPTIMIZERS}
     results["bytes"] = zero2_bytes(ctx.rank)
     return results if ctx.is_main else None
+
+
+# ---------------------------------------------------------------- the memory ledger
+
+def probe_mlp() -> nn.Module:
+    """The issue's probe: 1732 parameters (6928 B), its largest tensor 1024 elements."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                         nn.Linear(32, 4))
+
+
+def one_step(model: nn.Module, optimizer, rank: int, after=None) -> None:
+    """One AdamW step; the gradients are left in place, so the ledger sees them."""
+    x, y = batches(rank, 1, features=16, classes=4)[0]
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    if after is not None:
+        after()
+
+
+def as_dict(ledger) -> dict:
+    return {"params": ledger.params, "grads": ledger.grads,
+            "optimizer_state": ledger.optimizer_state, "counters": ledger.counters}
+
+
+def ledger_checks(ctx, args) -> dict | None:
+    from ddplab import memory_ledger as ml
+    from ddplab.zero2 import ShardedGradients
+
+    rank, world = ctx.rank, ctx.world_size
+    found = {}
+    adamw = {"lr": 1e-2, "weight_decay": 0.1}
+
+    ddp = NativeDDP(probe_mlp())
+    opt = torch.optim.AdamW(ddp.parameters(), **adamw)
+    one_step(ddp, opt, rank)
+    params = list(ddp.parameters())
+    found["ddp"] = (ml.measure(params, opt), ml.ddp_ledger(params))
+
+    for name, make in (("zero1_ours", ShardedOptimizer), ("zero1_native", ZeroRedundancyOptimizer)):
+        model = NativeDDP(probe_mlp())
+        opt = make(model.parameters(), torch.optim.AdamW, **adamw)
+        one_step(model, opt, rank)
+        params = list(model.parameters())
+        found[name] = (ml.measure(params, opt.optim), ml.zero1_ledger(params, world, rank))
+
+    zero2 = ShardedGradients(probe_mlp())
+    opt = torch.optim.AdamW(zero2.shard_parameters(), **adamw)
+    one_step(zero2, opt, rank, after=zero2.gather_parameters)
+    numels = [sum(p.numel() for p in b.params) for b in zero2.buckets]
+    found["zero2"] = (ml.measure([*zero2.module.parameters(), *zero2.shard_parameters()], opt),
+                      ml.zero2_ledger(numels, world))
+
+    found["zero3_fully_shard"] = fully_shard_ledger(rank, world, adamw)
+    results = {case: {"measured": as_dict(m), "predicted": as_dict(p)}
+               for case, (m, p) in found.items()}
+    every_rank = [None] * world
+    dist.all_gather_object(every_rank, results)
+    return every_rank if ctx.is_main else None
+
+
+def fully_shard_ledger(rank: int, world: int, adamw: dict):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from ddplab import memory_ledger as ml
+
+    model = probe_mlp()
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), **adamw)
+    one_step(model, opt, rank)
+    return ml.measure(model.parameters(), opt), ml.zero3_ledger(shapes, world, rank)
