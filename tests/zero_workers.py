@@ -297,6 +297,7 @@ def zero2_checks(ctx, args) -> dict | None:
     results = {f"{case}/{opt}": zero2_run(*ZERO2_CASES[case], opt, ctx.rank)
                for case in ZERO2_CASES for opt in OPTIMIZERS}
     results["bytes"] = zero2_bytes(ctx.rank)
+    results["padding_control"] = padding_control(ctx.rank, ctx.world_size)
     return results if ctx.is_main else None
 
 
@@ -375,3 +376,22 @@ def fully_shard_ledger(rank: int, world: int, adamw: dict):
     opt = torch.optim.AdamW(model.parameters(), **adamw)
     one_step(model, opt, rank)
     return ml.measure(model.parameters(), opt), ml.zero3_ledger(shapes, world, rank)
+
+
+def padding_control(rank: int, world: int) -> dict:
+    """All-reduce of n elements against reduce-scatter + all-gather of the same n padded (a) to
+    the next multiple of N, as ShardedGradients pads, and (b) by N more elements: the elements
+    whose bits differ from the all-reduce's, over several n."""
+    g = torch.Generator().manual_seed(500 + rank)
+    differ = {"minimal": [], "one_more_shard": []}
+    for n in range(990, 1010):
+        x = torch.randn(n, generator=g) * (1.0 / world)
+        reference = x.clone()
+        dist.all_reduce(reference)
+        for name, pad in (("minimal", (-n) % world), ("one_more_shard", (-n) % world + world)):
+            padded = torch.cat([x, torch.zeros(pad)])
+            shard = torch.empty(padded.numel() // world)
+            dist.reduce_scatter_tensor(shard, padded)
+            dist.all_gather_into_tensor(padded, shard)
+            differ[name] += [(n, i) for i in (padded[:n] != reference).nonzero().flatten().tolist()]
+    return differ

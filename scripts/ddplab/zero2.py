@@ -20,12 +20,16 @@ Bits.  The update is element-wise, so it is the unsharded optimizer's arithmetic
 averaged gradient.  The averaged gradient is DDP's exactly when the reduction adds each element's
 N terms in DDP's order.  On gloo a reduce-scatter *is* an all-reduce: ``ProcessGroupGloo.cpp``
 (``reduce_scatter_tensor_coalesced``, reached from ``_reduce_scatter_base``) clones the input,
-all-reduces the clone and keeps chunk r.  So with DDP's bucket layout (its rebuilt one, which
-``assign_buckets`` reproduces when gradients arrive in reverse definition order) the result is
-DDP's bit for bit **when no bucket needs padding**.  Padding makes the message longer, which
-moves gloo's ring chunk boundaries; from 3 ranks on, an element near a boundary can then get its
-N terms added in another order (2 ranks: a + b = b + a, still equal).  NCCL's reduce-scatter is a
-real one (each rank receives (N-1)/N of a bucket, not 2(N-1)/N), with its own order.
+all-reduces the clone and keeps chunk r.  gloo's ring (gloo/allreduce.cc, ``ring``) cuts a
+message of n elements into kN segments of ⌈n/(kN)⌉ elements, and the rank where a segment's sum
+starts (so the order of its N terms) depends on the segment.  Padding to the next multiple of N
+moves no boundary, since ⌈⌈n/N⌉/k⌉ = ⌈n/(kN)⌉ (and k, set by the message's length in bytes
+over gloo's largest segment, rounded up to a multiple of N, stays the same by that identity).
+So with DDP's bucket layout (its rebuilt one, which ``assign_buckets`` reproduces when
+gradients arrive in reverse definition order) every element gets DDP's bits, at any N.
+Pad by one shard more and, from 3 ranks on, elements near a boundary land in another segment
+and get their terms in another order: the tests show both.  NCCL's reduce-scatter is a real one,
+with its own order.
 
 Bytes.  Per step, per bucket of P padded elements of e bytes, a ring reduce-scatter and a ring
 all-gather each send (N-1)/N · P·e bytes from every rank: together DDP's all-reduce, 2(N-1)/N ·
