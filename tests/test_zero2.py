@@ -72,3 +72,9 @@ def test_only_the_shard_of_the_gradient_is_kept(zero2):
     found = results["bytes"]
     assert found["full_grads_kept"] == 0
     assert sum(found["shard_grad_numels"]) * world_size == found["padded_numel"]
+
+
+def test_a_second_backward_adds_to_the_shards_gradient(zero2):
+    # The same batch twice: x + x == 2x exactly in floating point.
+    _, results = zero2
+    assert results["bytes"]["second_backward_vs_twice_the_first"] == 0.0

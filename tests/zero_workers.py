@@ -277,6 +277,12 @@ def zero2_bytes(rank: int) -> dict:
     finally:
         dist.reduce_scatter_tensor, dist.all_gather_into_tensor = originals
     world = model.world_size
+    fresh = zero2.ShardedGradients(several_sizes(), bucket_cap_mb=1e-3)
+    nn.functional.cross_entropy(fresh(x), y).backward()
+    once = [b.shard.grad.clone() for b in fresh.buckets]
+    nn.functional.cross_entropy(fresh(x), y).backward()  # the same batch again: adds
+    accumulated = largest_difference(
+        (b.shard.grad, 2 * g) for b, g in zip(fresh.buckets, once, strict=True))
     return {
         "recorded": recorded,
         "predicted": zero2.collective_payloads(model),
@@ -288,6 +294,7 @@ def zero2_bytes(rank: int) -> dict:
         "numel": sum(p.numel() for p in model.module.parameters()),
         "padded_numel": sum(b.flat.numel() for b in model.buckets),
         "full_grads_kept": full_grads_kept,
+        "second_backward_vs_twice_the_first": accumulated,
         "shard_grad_numels": [b.shard.grad is None or b.shard.grad.numel()
                               for b in model.buckets],
     }

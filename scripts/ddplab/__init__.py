@@ -23,6 +23,8 @@
     netns.py         two emulated machines: network namespaces joined by a rate-limited veth
     costmodel.py     a DDP step's cost: α-β all-reduce (ring, tree, hierarchical) and overlap
     sharded_optimizer.py  ShardedOptimizer: ZeRO-1, each rank steps and keeps its own state
+    zero2.py         ShardedGradients: ZeRO-2, gradients reduce-scattered into per-rank shards
+    memory_ledger.py what a rank holds under DDP and ZeRO-1/2/3: predicted, measured to the byte
 """
 
 from .bucketed_ddp import BucketedDDP

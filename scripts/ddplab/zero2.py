@@ -65,6 +65,7 @@ class ShardedBucket:
     flat: torch.Tensor          # every parameter of the bucket, then zeros: padded length
     shard: nn.Parameter         # this rank's 1/N of ``flat`` (a view: no copy)
     staging: torch.Tensor | None = None  # the gradients, times 1/N, while backward runs
+    reduced: torch.Tensor | None = None  # this rank's shard of their sum, once it arrives
     ready: int = 0
     work: dist.Work | None = None
 
@@ -97,6 +98,8 @@ class ShardedGradients(nn.Module):
         optimizer.zero_grad()
 
     After backward the module's own ``param.grad`` are None: only the shard's gradient is kept.
+    A second backward before ``zero_grad()`` adds its averaged gradient to the shard's, as
+    autograd accumulates (one reduce-scatter per backward pass).
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0):
@@ -147,8 +150,8 @@ class ShardedGradients(nn.Module):
             bucket = self.buckets[self._next]
             if bucket.ready < len(bucket.params):
                 return
-            bucket.shard.grad = torch.empty_like(bucket.shard)
-            bucket.work = dist.reduce_scatter_tensor(bucket.shard.grad, bucket.staging,
+            bucket.reduced = torch.empty_like(bucket.shard)
+            bucket.work = dist.reduce_scatter_tensor(bucket.reduced, bucket.staging,
                                                      op=dist.ReduceOp.SUM, async_op=True)
             self._next += 1
     # --8<-- [end:hook]
@@ -159,13 +162,18 @@ class ShardedGradients(nn.Module):
             missing = [b.names[0] for b in self.buckets[self._next:]]
             for bucket in self.buckets[:self._next]:
                 bucket.work.wait()  # the shard's gradient is in
+                if bucket.shard.grad is None:
+                    bucket.shard.grad = bucket.reduced
+                else:  # a second backward before zero_grad(): add, as autograd would
+                    bucket.shard.grad += bucket.reduced
             if missing:
                 raise RuntimeError(
                     f"ShardedGradients: a bucket starting at {missing[0]!r} never filled: every "
                     "parameter that requires grad must get a gradient in every backward pass")
         finally:
             for bucket in self.buckets:
-                bucket.staging, bucket.work, bucket.ready = None, None, 0
+                bucket.staging = bucket.reduced = bucket.work = None
+                bucket.ready = 0
             self._next = 0
 
     # --8<-- [start:gather]
