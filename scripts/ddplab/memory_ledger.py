@@ -12,20 +12,25 @@ A real layout does not split Ψ into N equal parts, and the ledgers below say by
   (``sharded_optimizer.partition_parameters``), so a rank holds the state of the parameters it
   owns: one large layer can leave one rank with far more than Ψ/N (``zero1_ledger``).
 * **ZeRO-2, ``ShardedGradients``:** flat buckets padded to a multiple of N (``zero2_ledger``).
-* **ZeRO-3, FSDP2's ``fully_shard``:** every parameter cut on dim 0 into N chunks of
-  ⌈d₀/N⌉ rows (``dim0_shard_rows``; torch/distributed/fsdp/_fully_shard/_fsdp_param.py pads each
-  one to that many rows).
+* **ZeRO-3, FSDP2's ``fully_shard``:** every parameter cut on dim 0 by ``torch.chunk`` into
+  chunks of ⌈d₀/N⌉ rows (``dim0_shard_rows``).  torch/distributed/fsdp/_fully_shard/
+  _fsdp_param.py (``FSDPParam._init_sharded_param``) stores each rank's chunk zero-padded to
+  ⌈d₀/N⌉ rows; the gradients are views into one reduce-scatter output per group, also padded
+  (_fsdp_collectives.py, ``foreach_reduce``); the optimizer's state is made like the local
+  shard, so it has only the rows the rank really holds (``zero3_ledger``).
 
 ``measure`` walks every tensor a rank holds — parameters, their gradients, the optimizer's
 state — and adds up the bytes of their *storages*, each storage once: a view into a padded
 buffer costs the whole buffer, padding included, and a shard that is a view of a bucket costs
 nothing more.  The tests assert that the two agree to the byte.  Adam's ``step`` counter (a
-0-dim float32 per parameter tensor, on the CPU: torch/optim/adam.py, ``_init_group``) is kept
-apart as ``counters``: the paper ignores it.
+0-dim float32 per parameter tensor, on the CPU unless fused or capturable: torch/optim/adam.py,
+``_init_group``) is kept apart as ``counters``: the paper ignores it.  Buffers a wrapper keeps
+for itself (native DDP's gradient buckets, a reduce-scatter's staging buffer) are not walked:
+the profiler's peak sees them.
 
 ``profiler_peak_bytes`` reads the peak of the bytes allocated while a function runs from
 ``torch.profiler`` (``profile_memory=True``): the running total of its allocation events, not
-its per-category labels (which are unreliable for DTensor).
+its per-category labels.
 """
 
 from __future__ import annotations
