@@ -67,6 +67,12 @@ def test_reloaded_state_continues_bitwise(zero1, optimizer):
     assert results[optimizer]["reload_continues_bitwise"] == 0.0
 
 
+def test_a_learning_rate_scheduler_reaches_every_owner(zero1):
+    # LambdaLR halves the rate every step through .param_groups: bitwise with plain AdamW.
+    world_size, results = zero1
+    assert results["scheduler"] == 0.0, f"at {world_size} ranks"
+
+
 def test_state_dict_without_consolidating_on_that_rank_is_a_clear_error(zero1):
     _, results = zero1
     message = results["adamw"]["state_dict_elsewhere"]

@@ -170,8 +170,27 @@ def owner_maps(world_size: int) -> dict:
     return found
 
 
+def with_scheduler(rank: int) -> float:
+    """A learning-rate scheduler changes ``param_groups``; the owners' optimizers must follow."""
+    def train(make_optimizer):
+        model = NativeDDP(several_sizes())
+        optimizer = make_optimizer(model.parameters())
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 ** step)
+        for x, y in batches(rank):
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+        return model.module
+
+    plain = train(lambda p: torch.optim.AdamW(p, lr=0.05))
+    ours = train(lambda p: ShardedOptimizer(p, torch.optim.AdamW, lr=0.05))
+    return max_over_ranks(largest_difference(
+        zip(ours.parameters(), plain.parameters(), strict=True)))
+
+
 def zero1_checks(ctx, args) -> dict | None:
-    results = {"owner_maps": owner_maps(ctx.world_size)}
+    results = {"owner_maps": owner_maps(ctx.world_size), "scheduler": with_scheduler(ctx.rank)}
     for name in OPTIMIZERS:
         results[name] = zero1_run(name, ctx.rank, ctx.world_size)
     return results if ctx.is_main else None

@@ -153,7 +153,8 @@ class ShardedOptimizer(Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         """The whole optimizer's state, as an unsharded optimizer's ``state_dict()``: only on the
-        rank that ``consolidate_state_dict(to=...)`` gathered it on, as native."""
+        rank that ``consolidate_state_dict(to=...)`` gathered it on, as native, and as it was
+        then (consolidate again after more steps)."""
         consolidated = getattr(self, "_consolidated", None)
         if consolidated is None:
             raise RuntimeError(
