@@ -5,7 +5,7 @@ reduce-scatter is an all-reduce of a clone (ProcessGroupGloo.cpp): a bucket laid
 DDP's gets native's bits if gloo's ring cuts it into the same segments.  Padding to the next
 multiple of N keeps every segment boundary (⌈⌈n/N⌉/k⌉ = ⌈n/(kN)⌉), so the tests ask for 0 at 2, 3
 and 4 ranks, padded or not, once native DDP has rebuilt its buckets (one backward without a
-step: from then on its layout is ``assign_buckets``'s).  The control pads by one shard more:
+step: from then on its layout is ours).  The control pads by one shard more:
 from 3 ranks on, some elements then move to another segment and differ.
 """
 

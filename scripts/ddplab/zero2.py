@@ -5,10 +5,11 @@ ZeRO-1 (``sharded_optimizer.py``) still all-reduces every gradient and keeps all
 the gradients of the part it updates, so:
 
 1. **Buckets, as chapter 05.**  The parameters live in flat buffers laid out by chapter 05's rule
-   (``bucketed_ddp.assign_buckets``: reverse definition order, packed up to the cap), each padded
-   with zeros to a multiple of N elements and cut into N equal shards.  Rank r owns shard r of
-   every bucket; ``shard_parameters()`` are those shards (views into the buffers), and any
-   element-wise torch optimizer built on them keeps state for them only.
+   (``bucketed_ddp.pack`` in reverse definition order with native DDP's caps: 1 MiB for the
+   first bucket at the default), each padded with zeros to a multiple of N elements and cut
+   into N equal shards.  Rank r owns shard r of every bucket; ``shard_parameters()`` are those
+   shards (views into the buffers), and any element-wise torch optimizer built on them keeps
+   state for them only.
 2. **Reduce-scatter during backward.**  A hook copies each gradient, times 1/N, into its
    bucket's staging buffer (as native DDP divides: reducer.cpp, ``mark_variable_ready_dense``)
    and drops ``param.grad``; a full bucket is reduce-scattered (SUM) asynchronously, straight
@@ -25,8 +26,8 @@ message of n elements into kN segments of ⌈n/(kN)⌉ elements, and the rank wh
 starts (so the order of its N terms) depends on the segment.  Padding to the next multiple of N
 moves no boundary, since ⌈⌈n/N⌉/k⌉ = ⌈n/(kN)⌉ (and k, set by the message's length in bytes
 over gloo's largest segment, rounded up to a multiple of N, stays the same by that identity).
-So with DDP's bucket layout (its rebuilt one, which ``assign_buckets`` reproduces when
-gradients arrive in reverse definition order) every element gets DDP's bits, at any N.
+So with DDP's bucket layout (its rebuilt one, which this one is when gradients arrive in
+reverse definition order) every element gets DDP's bits, at any N.
 Pad by one shard more and, from 3 ranks on, elements near a boundary land in another segment
 and get their terms in another order: the tests show both.  NCCL's reduce-scatter is a real one,
 with its own order.
@@ -46,7 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .bucketed_ddp import MiB, assign_buckets, broadcast_from_rank0
+from .bucketed_ddp import broadcast_from_rank0, bucket_caps, pack
 from .naive_ddp import require_process_group
 
 
@@ -90,7 +91,7 @@ def make_sharded_bucket(named: list[tuple[str, nn.Parameter]], rank: int,
 class ShardedGradients(nn.Module):
     """ZeRO-2 around ``module``::
 
-        model = ShardedGradients(module, bucket_cap_mb=25)
+        model = ShardedGradients(module)    # bucket_cap_mb as native DDP's
         optimizer = torch.optim.AdamW(model.shard_parameters(), lr=1e-3)
         loss_fn(model(x), y).backward()   # gradients reduce-scattered into the shards
         optimizer.step()                  # this rank's shards only
@@ -102,14 +103,16 @@ class ShardedGradients(nn.Module):
     autograd accumulates (one reduce-scatter per backward pass).
     """
 
-    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0):
+    def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None):
         super().__init__()
         require_process_group("ShardedGradients")
         self.module = module
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         broadcast_from_rank0(list(module.parameters()))  # same start, as DDP
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        layout = assign_buckets(named, int(bucket_cap_mb * MiB))
+        # Native DDP's rebuilt layout: reverse definition order (the order gradients usually
+        # arrive in), its caps (1 MiB first, then 25 MiB, when bucket_cap_mb is None).
+        layout = pack(list(reversed(named)), list(bucket_caps(bucket_cap_mb)))
         self.buckets = [make_sharded_bucket(g, self.rank, self.world_size) for g in layout]
         self._slot = {p: (b, i) for b in self.buckets for i, p in enumerate(b.params)}
         self._next, self._queued = 0, False
