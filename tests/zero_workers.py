@@ -213,22 +213,25 @@ ZERO2_CASES = {  # name: (model, bucket_cap_mb) — a tiny cap gives one bucket 
 }
 
 
-def native_after_rebuild(make_model, cap: float, rank: int):
+def native_after_rebuild(make_model, cap: float, rank: int, warm_up: bool = True):
     """Native DDP after one backward without a step: its buckets are rebuilt in gradient-ready
-    order, the layout ``assign_buckets`` gives (the first iteration's is one bucket in
-    definition order)."""
+    order, the layout ``ShardedGradients`` uses (the first iteration's is one bucket in
+    definition order).  ``warm_up=False``: the first step runs in that first layout."""
     model = NativeDDP(make_model(), bucket_cap_mb=cap)
+    if not warm_up:
+        return model
     x, y = batches(rank + 77, 1, features=model.module[0].in_features)[0]
     nn.functional.cross_entropy(model(x), y).backward()
     model.zero_grad(set_to_none=True)
     return model
 
 
-def zero2_run(make_model, cap: float, optimizer_name: str, rank: int) -> dict:
+def zero2_run(make_model, cap: float, optimizer_name: str, rank: int,
+              warm_up: bool = True) -> dict:
     from ddplab.zero2 import ShardedGradients
 
     optimizer_class, defaults = OPTIMIZERS[optimizer_name]
-    native = native_after_rebuild(make_model, cap, rank)
+    native = native_after_rebuild(make_model, cap, rank, warm_up)
     reference = optimizer_class(native.parameters(), **defaults)
     ours = ShardedGradients(make_model(), bucket_cap_mb=cap)
     optimizer = optimizer_class(ours.shard_parameters(), **defaults)
@@ -324,6 +327,8 @@ def zero2_checks(ctx, args) -> dict | None:
                for case in ZERO2_CASES for opt in OPTIMIZERS}
     results["bytes"] = zero2_bytes(ctx.rank)
     results["padding_control"] = padding_control(ctx.rank, ctx.world_size)
+    results["control_native_first_layout"] = zero2_run(several_sizes, 25.0, "sgd_momentum",
+                                                       ctx.rank, warm_up=False)
     return results if ctx.is_main else None
 
 
