@@ -25,6 +25,9 @@
     costmodel.py     a DDP step's cost: the one link table, ring formula (α, β, γ), chapter 03
                      lookup and bucket layout; all-reduce (ring, tree, hierarchical), overlap
     nodes_verdicts.py  what chapter 10's numbers say, computed for its page
+    sharded_optimizer.py  ShardedOptimizer: ZeRO-1, each rank steps and keeps its own state
+    zero2.py         ShardedGradients: ZeRO-2, gradients reduce-scattered into per-rank shards
+    memory_ledger.py what a rank holds under DDP and ZeRO-1/2/3: predicted, measured to the byte
 """
 
 from .bucketed_ddp import BucketedDDP
@@ -36,6 +39,7 @@ from .naive_ddp import NaiveDDP
 from .ranks import RankContext, get, progress, seed_everything
 from .results import chapter_output, read_results, write_results
 from .ring import naive_all_reduce, ring_all_reduce
+from .sharded_optimizer import ShardedOptimizer
 
 __all__ = [
     "BucketedDDP",
@@ -44,6 +48,7 @@ __all__ = [
     "RankContext",
     "RankFailed",
     "Run",
+    "ShardedOptimizer",
     "UsageError",
     "chapter_output",
     "chapter_parser",
