@@ -31,7 +31,8 @@ def add_flags(parser, delays: dict) -> None:
 
 def checked_args(args, delays: dict):
     """The parsed flags, with --delays as numbers; refuse 1 rank and a --slow-rank outside it."""
-    args.delays = parse_delays(args.delays, delays["quick" if args.quick else "full"])
+    args.delays = parse_delays(args.delays, delays["quick" if args.quick else "full"],
+                               args.timeout)
     world = (int(os.environ["WORLD_SIZE"]) if started_by_torchrun()
              else args.world_size or default_world_size())
     if world < 2 and not args.replot:
@@ -42,8 +43,9 @@ def checked_args(args, delays: dict):
     return args
 
 
-def parse_delays(text: str | None, default: list[float]) -> list[float]:
-    """--delays: milliseconds separated by commas (``default`` when not given)."""
+def parse_delays(text: str | None, default: list[float], timeout_s: float) -> list[float]:
+    """--delays: milliseconds separated by commas (``default`` when not given), each shorter
+    than ``timeout_s`` (a longer one would end the run as hung, after the whole sweep)."""
     if text is None:
         return [float(d) for d in default]
     try:
@@ -51,8 +53,10 @@ def parse_delays(text: str | None, default: list[float]) -> list[float]:
     except ValueError:
         raise UsageError(f"--delays {text!r}: give milliseconds separated by commas, "
                                 "e.g. 0,10,20,40") from None
-    if len(delays) < 2 or min(delays) < 0:
-        raise UsageError(f"--delays {text!r}: need at least two delays, none negative")
+    # NaN compares false with everything (min() passes it over): test each value itself.
+    if len(delays) < 2 or not all(0 <= d < timeout_s * 1e3 for d in delays):
+        raise UsageError(f"--delays {text!r}: need at least two delays, each a number of ms "
+                         f"from 0 up to below --timeout ({timeout_s * 1e3:g} ms)")
     return delays
 
 

@@ -21,6 +21,13 @@ BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_TIMEOUT_S = 120.0
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week; timedelta overflows long before infinity
+# Below this the ranks give up while still connecting to the store, before any work starts.
+MIN_TIMEOUT_S = 1.0
+# numpy's legacy seeding takes 0 .. 2**32 - 1; torch's and Python's take more.
+MAX_SEED = 2**32 - 1
+# What one CPU rank of these chapters takes (interpreter, torch, gloo, a small model), an
+# estimate from measured runs; a GPU rank's host memory is larger still.
+RANK_MEMORY_MIB = 220
 
 
 class UsageError(Exception):
@@ -111,9 +118,17 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    if args.timeout < MIN_TIMEOUT_S:
+        raise UsageError(f"--timeout {args.timeout:g} is too short: the ranks need about "
+                         f"{MIN_TIMEOUT_S:g} s just to meet; use --timeout {MIN_TIMEOUT_S:g} "
+                         "or more")
     if args.timeout > MAX_TIMEOUT_S:
         raise UsageError(f"--timeout {args.timeout:g} is more than a week; use at most "
                          f"{MAX_TIMEOUT_S:g} seconds")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise UsageError(f"--seed must be between 0 and {MAX_SEED} (numpy's limit), "
+                         f"got {args.seed}")
+    check_memory(args.world_size)
     cores = os.cpu_count() or 1
     if args.world_size is not None and args.world_size > cores and args.backend != "nccl":
         warnings.warn(
@@ -122,6 +137,31 @@ def check_args(args: argparse.Namespace) -> None:
             stacklevel=2,
         )
     check_writable(args.out)
+
+
+def check_memory(world_size: int | None) -> None:
+    """Refuse more ranks than the free memory holds: otherwise the machine swaps or the
+    kernel's OOM killer ends ranks (or something else) half-way through."""
+    available = available_memory_mib()
+    if world_size is None or available is None:
+        return
+    needed = world_size * RANK_MEMORY_MIB
+    if needed > available:
+        fits = max(1, available // RANK_MEMORY_MIB)
+        raise UsageError(f"--world-size {world_size} needs about {needed} MiB (about "
+                         f"{RANK_MEMORY_MIB} MiB per rank) but {available} MiB are available "
+                         f"(MemAvailable in /proc/meminfo): use --world-size {fits} or fewer")
+
+
+def available_memory_mib() -> int | None:
+    """MemAvailable from /proc/meminfo in MiB; None where there is no such file (not Linux)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) // 1024  # the file says kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def check_writable(out: Path) -> None:
