@@ -9,14 +9,12 @@ The measurements themselves stay in scripts/chapter06_bubbles.py.
 
 from __future__ import annotations
 
-import os
 import statistics
 from dataclasses import asdict
 
 from . import stragglers
 from .cli import UsageError
-from .devices import default_world_size
-from .launch import started_by_torchrun
+from .launch import planned_world_size
 
 
 def add_flags(parser, delays: dict) -> None:
@@ -33,8 +31,7 @@ def checked_args(args, delays: dict):
     """The parsed flags, with --delays as numbers; refuse 1 rank and a --slow-rank outside it."""
     args.delays = parse_delays(args.delays, delays["quick" if args.quick else "full"],
                                args.timeout)
-    world = (int(os.environ["WORLD_SIZE"]) if started_by_torchrun()
-             else args.world_size or default_world_size())
+    world = planned_world_size(args)
     if world < 2 and not args.replot:
         raise UsageError("chapter 06 needs at least 2 ranks (--world-size 2): "
                          "a bubble is one rank waiting for another")

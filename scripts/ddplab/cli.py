@@ -100,6 +100,7 @@ def parse_chapter_args(parser: argparse.ArgumentParser, argv: list[str] | None =
     """Parse and check the shared flags; exits with one line on bad input."""
     args = parser.parse_args(argv)
     try:
+        check_launcher_environment()
         check_args(args)
         chapter = re.match(r"chapter(\d{2})_", parser.prog or "")
         if chapter:
@@ -137,6 +138,50 @@ def check_args(args: argparse.Namespace) -> None:
             stacklevel=2,
         )
     check_writable(args.out)
+
+
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")  # all three: a rank started by torchrun
+# torchrun's agent sets these for every worker beside RANK/WORLD_SIZE/LOCAL_RANK
+# (torch/distributed/elastic/agent/server/local_elastic_agent.py, _start_workers); a launch by
+# hand for init_method="env://" sets MASTER_ADDR and MASTER_PORT.
+FROM_TORCHRUN = ("TORCHELASTIC_RUN_ID", "GROUP_RANK")
+
+
+def check_launcher_environment() -> None:
+    """RANK, WORLD_SIZE and LOCAL_RANK, when all set, must be usable numbers that a launcher set.
+
+    Left over in a shell (an ``export`` for an earlier experiment), they would make this run
+    one rank of a torchrun job that does not exist: it would wait the whole --timeout for its
+    peers and never say why.
+    """
+    if not all(name in os.environ for name in RANK_VARIABLES):
+        return
+    values = {name: _whole_number(name) for name in (*RANK_VARIABLES, "LOCAL_WORLD_SIZE")
+              if name in os.environ}
+    world = values["WORLD_SIZE"]
+    if world < 1:
+        raise UsageError(f"WORLD_SIZE={world} in the environment: a world needs at least 1 rank")
+    if not 0 <= values["RANK"] < world:
+        raise UsageError(f"RANK={values['RANK']} in the environment: WORLD_SIZE={world} has "
+                         f"ranks 0..{world - 1}")
+    local_world = values.get("LOCAL_WORLD_SIZE", world)
+    if local_world < 1 or not 0 <= values["LOCAL_RANK"] < local_world:
+        raise UsageError(f"LOCAL_RANK={values['LOCAL_RANK']} in the environment does not fit "
+                         f"LOCAL_WORLD_SIZE={local_world}")
+    by_hand = "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
+    if not by_hand and not any(name in os.environ for name in FROM_TORCHRUN):
+        raise UsageError("RANK/WORLD_SIZE are set but not by torchrun (no TORCHELASTIC_RUN_ID, "
+                         "no MASTER_ADDR/MASTER_PORT): unset them (unset RANK WORLD_SIZE "
+                         "LOCAL_RANK) or run under torchrun")
+
+
+def _whole_number(name: str) -> int:
+    text = os.environ[name]
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"{name}={text!r} in the environment is not a whole number: unset "
+                         "it, or run under torchrun, which sets it") from None
 
 
 def check_memory(world_size: int | None) -> None:

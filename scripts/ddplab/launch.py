@@ -36,13 +36,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from . import stopping
-from .cli import UsageError
+from .cli import RANK_VARIABLES, UsageError, check_launcher_environment
 from .devices import Placement, default_world_size, place, usable_cores
 from .ranks import RankContext, seed_everything
 from .results import provenance
 
 Worker = Callable[[RankContext, Any], Any]
-_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
 @dataclass
@@ -63,12 +62,13 @@ class RankFailed(Exception):
 
 
 def started_by_torchrun() -> bool:
-    return all(name in os.environ for name in _TORCHRUN_VARS)
+    return all(name in os.environ for name in RANK_VARIABLES)
 
 
 def planned_world_size(args) -> int:
     """The world size this run will have, known before any rank starts."""
     if started_by_torchrun():
+        check_launcher_environment()
         return int(os.environ["WORLD_SIZE"])
     return args.world_size or default_world_size()
 
@@ -89,6 +89,7 @@ def launch(worker: Worker, args) -> Run | None:
     if getattr(args, "replot", False):  # a chapter without --replot must not run a whole run
         raise UsageError("this chapter cannot --replot yet: run it without --replot")
     if started_by_torchrun():
+        check_launcher_environment()  # for a script that parses its own flags
         return _launched_by_torchrun(worker, args)
     world_size = args.world_size or default_world_size()
     placement = place(_device_flag(args), args.backend, world_size)
