@@ -118,9 +118,10 @@ def _spawn(worker: Worker, args, world_size: int, placement: Placement) -> Run:
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # we report instead
     with tempfile.TemporaryDirectory(prefix="ddplab-") as scratch:
         plan = _SpawnPlan(world_size, placement, store.port, Path(scratch))
-        ranks = mp.start_processes(_spawned_rank, args=(worker, args, plan), nprocs=world_size,
-                                   join=False, start_method="spawn")
+        ranks = _start_ranks(worker, args, plan)
         try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # a stop that came
+            # while the ranks started is raised here, where every rank is known and stopped
             # On a failure, join gives the other ranks STOP_GRACE_S to end by themselves, then
             # SIGTERM and STOP_GRACE_S more, then SIGKILL: a frozen rank ends within
             # --timeout (a peer gives up) + 2 * STOP_GRACE_S.
@@ -138,11 +139,38 @@ def _spawn(worker: Worker, args, world_size: int, placement: Placement) -> Run:
             return pickle.load(f)
 
 
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def _start_ranks(worker: Worker, args, plan: _SpawnPlan) -> mp.ProcessContext:
+    """Start the rank processes with the stop signals blocked, here and (inherited) in them.
+
+    A Ctrl-C while a rank still imports torch would otherwise print a KeyboardInterrupt
+    traceback from the middle of that import above the run's last line; blocked, it waits
+    until the rank ignores SIGINT and is dropped.  Here it waits until every rank has started,
+    so that none is started after the stop and left behind.
+    """
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()  # starting it later would unblock the signals
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        return mp.start_processes(_spawned_rank, args=(worker, args, plan),
+                                  nprocs=plan.world_size, join=False, start_method="spawn")
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        raise
+
+
 def _spawned_rank(rank: int, worker: Worker, args, plan: _SpawnPlan) -> None:
     """Entry point of each spawned process (mp.spawn passes the process index as the rank)."""
     # Ctrl-C reaches every process of the terminal's group: the launching process stops the
     # ranks (at once, and with the last word); and if it dies, the kernel ends its ranks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The launching process stops a rank with SIGTERM: as an exception, so that what the rank
+    # was writing (a checkpoint's temporary file) is removed on the way out.
+    stopping.stop_on_sigterm()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # blocked by _start_ranks
     _end_with_parent()
     # The same variables torchrun would set, so code written for torchrun works unchanged.
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(plan.world_size),
@@ -156,9 +184,12 @@ def _spawned_rank(rank: int, worker: Worker, args, plan: _SpawnPlan) -> None:
                    "traceback": "".join(traceback.format_exception(err))}
         (plan.scratch / f"error-rank{rank}.json").write_text(json.dumps(failure))
 
-    run = _run_rank(worker, args, rank=rank, local_rank=rank, world_size=plan.world_size,
-                    local_world_size=plan.world_size, placement=plan.placement,
-                    launcher="mp.spawn", store=store, on_error=report)
+    try:
+        run = _run_rank(worker, args, rank=rank, local_rank=rank, world_size=plan.world_size,
+                        local_world_size=plan.world_size, placement=plan.placement,
+                        launcher="mp.spawn", store=store, on_error=report)
+    except stopping.Stopped as stop:  # the launching process reports the stop, not a rank
+        exit_without_teardown(stop.exit_code)
     if run is not None:
         with open(plan.scratch / "result.pkl", "wb") as f:
             pickle.dump(run, f)
@@ -286,7 +317,8 @@ def _run_rank(worker: Worker, args, *, rank: int, local_rank: int, world_size: i
         result = worker(ctx, args)
         return Run(result, provenance(ctx)) if ctx.is_main else None
     except BaseException as err:
-        on_error(err, _claim_first_failure(store, rank, args.timeout))
+        if not isinstance(err, stopping.Stopped):  # stopped from outside: not a failure
+            on_error(err, _claim_first_failure(store, rank, args.timeout))
         raise
     finally:
         dist.destroy_process_group()  # always leave the group, even after an error
