@@ -15,10 +15,12 @@ waiting in a collective; a rank stuck in a collective gives up after ``--timeout
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import logging
 import os
 import pickle
+import shutil
 import signal
 import sys
 import tempfile
@@ -128,9 +130,15 @@ def _spawn(worker: Worker, args, world_size: int, placement: Placement) -> Run:
             while not ranks.join(grace_period=stopping.STOP_GRACE_S):
                 pass
         except mp.ProcessExitedException as err:
+            _check_room(plan.scratch)
             raise _root_cause(plan.scratch, err.error_index, died=_how_it_died(err)) from None
         except mp.ProcessRaisedException as err:  # raised before it could report (e.g. in init)
+            _check_room(plan.scratch)
             raise _root_cause(plan.scratch, err.error_index, raised=err.msg) from None
+        except (EOFError, pickle.UnpicklingError):  # mp.spawn found a rank's report empty
+            _check_room(plan.scratch)
+            failed = next((i for i, p in enumerate(ranks.processes) if p.exitcode), 0)
+            raise RankFailed(failed, "it failed, and its error report is empty") from None
         finally:  # also on Ctrl-C or SIGTERM here: no rank outlives this process
             stopping.stop_processes(ranks.processes)
             for path in ranks.error_files:  # mp.spawn's reports of a rank's error, in $TMPDIR
@@ -247,6 +255,17 @@ def _root_cause(scratch: Path, rank: int, *, died: str | None = None,
         lines = raised.strip().splitlines()
         return RankFailed(rank, lines[-1] if lines else "failed with no error message", raised)
     return RankFailed(first["rank"], first["summary"], first["traceback"])
+
+
+def _check_room(scratch: Path) -> None:
+    """A rank that fails for want of space cannot write why either (its report, mp.spawn's
+    error file, its result: all in the temporary directory).  Say that the disk is full
+    (entry.run_main makes it one line) rather than blame the rank."""
+    if shutil.disk_usage(scratch).free < _ROOM_FOR_REPORTS:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(scratch)) from None
+
+
+_ROOM_FOR_REPORTS = 1 << 20  # an error report fits in far less
 
 
 def _is_follow_on(summary: str) -> bool:
