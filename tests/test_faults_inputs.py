@@ -227,10 +227,20 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _sigint_held_off(pid: int) -> bool:
+    """SIGINT is blocked or ignored in ``pid``: a Ctrl-C cannot interrupt it (whether the
+    traceback then shows depends on a race with the launcher's SIGTERM)."""
+    status = dict(line.split(":\t", 1) for line in
+                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+    bit = 1 << (signal.SIGINT - 1)
+    return bool((int(status["SigBlk"], 16) | int(status["SigIgn"], 16)) & bit)
+
+
 def test_ctrl_c_while_the_ranks_import_torch_prints_no_rank_traceback(box):
     proc = box.start(ENTRY, "spin", "--out", str(box.out))
     # The resource tracker and both ranks: the ranks have just started importing torch.
     wait_for(lambda: len(_children(proc.pid)) >= 3, proc)
+    assert all(_sigint_held_off(child) for child in _children(proc.pid))
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
