@@ -17,7 +17,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -390,5 +389,18 @@ def test_replot_names_the_folder_when_the_drawing_cannot_use_a_value(box):
     box.assert_clean()
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
+# --- the test suite on a busy machine ---------------------------------------------------------
+
+def test_a_run_bound_grows_with_the_load_and_a_timeout_says_so(monkeypatch):
+    import conftest
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (7.0, 7.0, 7.0))
+    assert conftest.load_scaled(100) == (400.0, 7.0)  # (7 + 1) / 2 cores: four times slower
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert conftest.load_scaled(100) == (100.0, 0.0)  # an idle machine: the bound as given
+    with pytest.raises(pytest.fail.Exception) as failed:
+        conftest.run_script("-c", "import time; time.sleep(30)", timeout=1)
+    assert str(failed.value) == ("python -c import time; time.sleep(30) timed out after 1 s; "
+                                 "load average was 0.0 on 2 cores when it started (1 s on an "
+                                 "idle machine, scaled by the load)")
