@@ -433,11 +433,12 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.replot:  # redraw the figures from the last run's files; no rank is started
         replot(args.out, CHAPTER, drawing.draw)
         return None
-    if args.train:  # one run, checkpoints in --ckpt-dir; rank 0 leaves final.pt there
-        run = launch(args, "train")
-        return None if run is None else report.write_final(run, Path(args.ckpt_dir))
-    with report.work_directory_for(args) as work:  # removed at the end unless --ckpt-dir
-        parts = run_chapter(args, work)
+    with report.checkpoint_directory_lock(args):  # one run at a time per --ckpt-dir
+        if args.train:  # one run, checkpoints in --ckpt-dir; rank 0 leaves final.pt there
+            run = launch(args, "train")
+            return None if run is None else report.write_final(run, Path(args.ckpt_dir))
+        with report.work_directory_for(args) as work:  # removed at the end unless --ckpt-dir
+            parts = run_chapter(args, work)
     if not parts:  # a non-zero rank under torchrun
         return None
     metrics = parts["metrics"]

@@ -48,7 +48,8 @@ DIAGNOSIS_TIMEOUT_S = 3.0  # the hang under the flight recorder: the launch's ow
 # --- inside the ranks ------------------------------------------------------------------------
 
 def shared_scratch(ctx) -> Path:
-    """A directory every rank can write to: rank 0 makes it and tells the others."""
+    """A directory every rank can write to, under torchrun: rank 0 makes it and tells the
+    others (with mp.spawn the launching process makes it: run_plan)."""
     holder = [tempfile.mkdtemp(prefix="buglab-") if ctx.is_main else None]
     dist.broadcast_object_list(holder, src=0)
     return Path(holder[0])
@@ -56,7 +57,7 @@ def shared_scratch(ctx) -> Path:
 
 def worker(ctx: ddplab.RankContext, args) -> list[dict] | None:
     """Run the plan's scenarios one after the other, every error caught, every hang timed out."""
-    scratch = shared_scratch(ctx)
+    scratch = args.scratch or shared_scratch(ctx)
     outcomes = []
     try:
         for name, fixed in args.plan:
@@ -66,7 +67,7 @@ def worker(ctx: ddplab.RankContext, args) -> list[dict] | None:
             dist.barrier()  # the default group is untouched by the hangs: still in step
     finally:
         dist.barrier()
-        if ctx.is_main:
+        if ctx.is_main and not args.scratch:
             shutil.rmtree(scratch, ignore_errors=True)
     return outcomes if ctx.is_main else None
 
@@ -86,8 +87,15 @@ def run_plan(args, plan: list[tuple[str, bool]]) -> list[dict]:
         return []
     job = copy.copy(args)
     job.plan = plan
-    run = ddplab.launch(worker, job)
-    return [] if run is None else run.result
+    if started_by_torchrun():  # the ranks are all there is: rank 0 makes the scratch
+        job.scratch = None
+        run = ddplab.launch(worker, job)
+        return [] if run is None else run.result
+    # Made and removed here, not in a rank: a rank stopped by Ctrl-C or SIGTERM runs no
+    # cleanup, this process does.
+    with tempfile.TemporaryDirectory(prefix="buglab-") as scratch:
+        job.scratch = Path(scratch)
+        return ddplab.launch(worker, job).result
 
 
 def run_crash(args) -> dict:

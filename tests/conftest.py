@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -24,11 +25,36 @@ class ScriptRun:
 
 
 def run_script(*argv: str, timeout: float = 120) -> ScriptRun:
-    """Run ``python <argv...>`` from the repository root, as `make run-chapterNN` would."""
+    """Run ``python <argv...>`` from the repository root, as `make run-chapterNN` would.
+
+    ``timeout`` is the bound on an idle machine; on a busy one it grows with the load (see
+    ``load_scaled``), and a run that still overruns fails with the bound and the load, not a
+    bare TimeoutExpired.
+    """
+    bound, load = load_scaled(timeout)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    try:
+        proc = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True,
+                              timeout=bound)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"python {' '.join(argv)} timed out after {bound:.0f} s; load average was "
+                    f"{load:.1f} on {os.cpu_count()} cores when it started ({timeout:.0f} s on "
+                    "an idle machine, scaled by the load)", pytrace=False)
     return ScriptRun(proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - start)
+
+
+def load_scaled(seconds: float) -> tuple[float, float]:
+    """``seconds`` stretched by how busy the machine is now: (bound, 1-minute load average).
+
+    A run gets its share of the cores: with the load (plus this run) above the core count,
+    every process runs that many times slower.  Measured once, at the start of the run.
+    """
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not available on this system
+        return seconds, 0.0
+    share = (load + 1) / (os.cpu_count() or 1)
+    return seconds * max(1.0, share), load
 
 
 def assert_png(path: Path) -> None:

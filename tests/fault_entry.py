@@ -9,6 +9,9 @@ Each rank writes ``DIR/rankN.pid`` once it is up, so a test knows when to strike
     raise     rank 1 raises; rank 0 waits in a barrier
     outputs   no rank misbehaves; the launching process writes DIR/chapter99/{a.png,results.json}
     restart   chapter 07's torchrun --max-restarts demonstration alone (a test stops it)
+    save      rank 0 checkpoints into DIR/ckpt; the checksum file's fsync never returns
+              (DIR/saving appears then: a test stops the run there)
+    big       rank 0 returns 8 MB (more than a tiny TMPDIR holds)
 """
 
 from __future__ import annotations
@@ -43,14 +46,36 @@ def worker(ctx: ddplab.RankContext, args):
         os.kill(os.getpid(), signal.SIGKILL)
     if ctx.rank == 1 and args.scenario == "raise":
         raise ValueError("rank 1 broke on purpose")
+    if args.scenario == "save":
+        save_and_stall(Path(args.out))
     dist.barrier()
-    return ctx.world_size
+    return bytes(8 << 20) if args.scenario == "big" else ctx.world_size
+
+
+def save_and_stall(out: Path) -> None:
+    """A checkpoint save that stalls after the checkpoint file is in place, while its checksum
+    file is still a temporary file (the second fsync of the save)."""
+    from ddplab import checkpoint as ck
+
+    real_fsync, calls = os.fsync, []
+
+    def fsync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 2:
+            (out / "saving").write_text("")
+            time.sleep(600)
+        real_fsync(fd)
+
+    if dist.get_rank() == 0:
+        os.fsync = fsync  # this rank's process only
+    ck.save_checkpoint({"w": torch.ones(1000)}, out / "ckpt", 1)
 
 
 def main(argv=None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter99_faults.py")
     parser.add_argument("scenario",
-                        choices=("spin", "freeze", "kill", "raise", "outputs", "restart"))
+                        choices=("spin", "freeze", "kill", "raise", "outputs", "restart",
+                                 "save", "big"))
     parser.add_argument("--draw", default="a.png", help="figure names to write, comma-separated")
     args = ddplab.parse_chapter_args(parser, argv)
     if args.scenario == "restart":
@@ -59,7 +84,8 @@ def main(argv=None):
     with ddplab.chapter_output(args.out, 99) as out:
         for name in args.draw.split(","):
             (out / name).write_bytes(b"png")
-        ddplab.write_results(out, 99, {"ranks": run.result}, run.provenance)
+        ranks = run.result if isinstance(run.result, int) else len(run.result)
+        ddplab.write_results(out, 99, {"ranks": ranks}, run.provenance)
 
 
 def restart(args) -> None:

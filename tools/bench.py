@@ -8,6 +8,10 @@ into a scratch directory (``figures/`` is left alone), records its own wall time
 flags every chapter over the limit.  A slow chapter is flagged, not failed: the exit status is 0
 unless a chapter itself failed.
 
+Timing relations the chapters claim are measured here too, not in the tests: chapter 06's
+idle time against the injected delay (slope within ``SLOPE_TARGET``) and the rest of
+``RELATIONS``, flagged the same way and recorded with the times.
+
     python tools/bench.py [--limit 60] [extra flags for every chapter, e.g. --world-size 2]
     python tools/bench.py --record     # also times grading each solution, and writes both to
                                        # figures/bench/results.json (the workshop guide reads it)
@@ -30,6 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT_S = 60.0
+SLOPE_TARGET = (0.8, 1.2)  # chapter 06: fast ranks' idle time per ms of injected delay
 
 
 @dataclass
@@ -84,6 +89,41 @@ def table(rows: list[Row], limit: float = LIMIT_S) -> str:
     return "\n".join([*lines, verdict])
 
 
+def straggler_relations(out: Path) -> dict[str, float]:
+    """Chapter 06's timing relations from its ``--quick`` results.json (empty if there is
+    none); ``RELATIONS`` says what each should be."""
+    try:
+        s = json.loads((out / "chapter06" / "results.json").read_text())["straggler"]
+        b = s["bucketed"]
+        return {"slope_idle_native": s["slope_idle"], "slope_idle_bucketed": b["slope_idle"],
+                "slope_step_time_native": s["slope_step_time"],
+                "late_rank_idle_share": s["idle_ms_slow_rank"][-1] / s["idle_ms_fast_ranks"][-1],
+                "bucketed_wait_gap_ms": max(i - w for i, w in zip(
+                    b["idle_ms_fast_ranks"], b["wait_span_ms_fast_ranks"], strict=True))}
+    except (OSError, ValueError, KeyError, TypeError, IndexError, ZeroDivisionError):
+        return {}
+
+
+# name -> (low, high): what a quiet machine shows.  Idle time and step time grow by the
+# injected delay (slope about 1); the late rank itself waits far less than the others (under
+# half, at the largest delay); BucketedDDP's own wait span explains the inferred idle time to
+# within a few ms (the rest is autograd bookkeeping before the wait).
+RELATIONS = {"slope_idle_native": SLOPE_TARGET, "slope_idle_bucketed": SLOPE_TARGET,
+             "slope_step_time_native": SLOPE_TARGET, "late_rank_idle_share": (0.0, 0.5),
+             "bucketed_wait_gap_ms": (-0.5, 3.0)}
+
+
+def relations_table(values: dict[str, float]) -> str:
+    """One line per relation, flagged when outside its range (flagged, not failed: a loaded
+    machine stretches the steps, not the code)."""
+    lines = []
+    for name, value in values.items():
+        low, high = RELATIONS[name]
+        off = "" if low <= value <= high else f"   OFF: outside {low:g}..{high:g}"
+        lines.append(f"chapter 06 {name:<27} {value:>8.2f}{off}")
+    return "\n".join(lines)
+
+
 def exit_status(rows: list[Row]) -> int:
     """Non-zero only when a chapter failed; a slow chapter is reported, not failed."""
     return 1 if any(r.seconds is None for r in rows) else 0
@@ -115,7 +155,8 @@ def grading_seconds(root: Path = ROOT) -> dict[str, float]:
     return times
 
 
-def record(rows: list[Row], grading: dict[str, float], root: Path = ROOT) -> Path:
+def record(rows: list[Row], grading: dict[str, float], root: Path = ROOT,
+           relations: dict[str, float] | None = None) -> Path:
     """figures/bench/results.json: the times with where they were measured."""
     import torch  # only for the version: the chapters themselves ran in their own processes
 
@@ -130,6 +171,7 @@ def record(rows: list[Row], grading: dict[str, float], root: Path = ROOT) -> Pat
         "quick_seconds_max": max(r.seconds for r in rows if r.seconds is not None),
         "grading_seconds": grading,
         "grading_seconds_max": max(grading.values()),
+        "straggler_relations": relations or {},
         "provenance": {"torch": torch.__version__, "python": platform.python_version(),
                        "backend": "gloo", "device": cpu_model(), "world_size": 2,
                        "launcher": "mp.spawn", "quick": True, "cpu_count": os.cpu_count(),
@@ -147,11 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     with tempfile.TemporaryDirectory(prefix="ddplab-bench-") as scratch:
         rows = run_all(chapter_scripts(), extra, Path(scratch))
+        relations = straggler_relations(Path(scratch))
     print(table(rows, args.limit))
+    print(relations_table(relations))
     if args.record and exit_status(rows) == 0:
         grading = grading_seconds()
         print("grading a solution: " + ", ".join(f"{c} {t:.1f} s" for c, t in grading.items()))
-        print(f"wrote {record(rows, grading).relative_to(ROOT)}")
+        print(f"wrote {record(rows, grading, relations=relations).relative_to(ROOT)}")
     return exit_status(rows)
 
 

@@ -9,14 +9,12 @@ The measurements themselves stay in scripts/chapter06_bubbles.py.
 
 from __future__ import annotations
 
-import os
 import statistics
 from dataclasses import asdict
 
 from . import stragglers
 from .cli import UsageError
-from .devices import default_world_size
-from .launch import started_by_torchrun
+from .launch import planned_world_size
 
 
 def add_flags(parser, delays: dict) -> None:
@@ -31,9 +29,9 @@ def add_flags(parser, delays: dict) -> None:
 
 def checked_args(args, delays: dict):
     """The parsed flags, with --delays as numbers; refuse 1 rank and a --slow-rank outside it."""
-    args.delays = parse_delays(args.delays, delays["quick" if args.quick else "full"])
-    world = (int(os.environ["WORLD_SIZE"]) if started_by_torchrun()
-             else args.world_size or default_world_size())
+    args.delays = parse_delays(args.delays, delays["quick" if args.quick else "full"],
+                               args.timeout)
+    world = planned_world_size(args)
     if world < 2 and not args.replot:
         raise UsageError("chapter 06 needs at least 2 ranks (--world-size 2): "
                          "a bubble is one rank waiting for another")
@@ -42,8 +40,9 @@ def checked_args(args, delays: dict):
     return args
 
 
-def parse_delays(text: str | None, default: list[float]) -> list[float]:
-    """--delays: milliseconds separated by commas (``default`` when not given)."""
+def parse_delays(text: str | None, default: list[float], timeout_s: float) -> list[float]:
+    """--delays: milliseconds separated by commas (``default`` when not given), each shorter
+    than ``timeout_s`` (a longer one would end the run as hung, after the whole sweep)."""
     if text is None:
         return [float(d) for d in default]
     try:
@@ -51,8 +50,10 @@ def parse_delays(text: str | None, default: list[float]) -> list[float]:
     except ValueError:
         raise UsageError(f"--delays {text!r}: give milliseconds separated by commas, "
                                 "e.g. 0,10,20,40") from None
-    if len(delays) < 2 or min(delays) < 0:
-        raise UsageError(f"--delays {text!r}: need at least two delays, none negative")
+    # NaN compares false with everything (min() passes it over): test each value itself.
+    if len(delays) < 2 or not all(0 <= d < timeout_s * 1e3 for d in delays):
+        raise UsageError(f"--delays {text!r}: need at least two delays, each a number of ms "
+                         f"from 0 up to below --timeout ({timeout_s * 1e3:g} ms)")
     return delays
 
 

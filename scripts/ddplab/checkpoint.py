@@ -226,11 +226,15 @@ class _Clock:
 
 def _write_text_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, Ctrl-C, SIGTERM: no half-written record left
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -288,7 +292,8 @@ def verify_checksum(path: Path) -> None:
     if not record.is_file():
         raise CheckpointError(f"{path} has no {record.name}: it was never completely written; "
                               "resume from an earlier checkpoint")
-    expected = record.read_text().split()
+    expected = read_record(record, f"delete it and {path.name} to resume from the previous "
+                                   "checkpoint").split()
     if not expected:
         raise CheckpointError(f"{record} is empty: the save was cut off; delete it and "
                               f"{path.name} to resume from the previous checkpoint")
@@ -299,6 +304,16 @@ def verify_checksum(path: Path) -> None:
     if not zipfile.is_zipfile(path):  # torch.save has written zip archives since torch 1.6
         raise CheckpointError(f"{path} is not a torch.save file (its checksum matches: it was "
                               "written so, not damaged on the way); check what wrote it")
+
+
+def read_record(record: Path, what_to_do: str) -> str:
+    """A checksum file's text; a byte that is not UTF-8 (a damaged or foreign file) is one
+    clear line naming the file, not a UnicodeDecodeError."""
+    try:
+        return record.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise CheckpointError(f"{record} is damaged (byte {err.start} is not text, so it is "
+                              f"not a SHA-256 record): {what_to_do}") from None
 
 
 def check_same_run(saved: dict | None, current: dict, source: Path) -> None:

@@ -28,6 +28,7 @@ from .checkpoint import (
     _write_text_atomically,
     checkpoint_name,
     list_checkpoints,
+    read_record,
     rng_state,
     set_rng_state,
 )
@@ -108,7 +109,8 @@ def verify_manifest(path: Path) -> None:
     if not manifest.is_file():
         raise CheckpointError(f"{path} has no {MANIFEST}: it was never completely written; "
                               "resume from an earlier checkpoint")
-    entries = [line.split() for line in manifest.read_text().splitlines() if line.strip()]
+    text = read_record(manifest, f"delete {path} to resume from the previous checkpoint")
+    entries = [line.split() for line in text.splitlines() if line.strip()]
     if not entries or any(len(e) != 2 for e in entries):
         raise CheckpointError(f"{manifest} is empty or damaged: delete {path} to resume from "
                               "the previous checkpoint")

@@ -9,11 +9,14 @@ The story (train, save, resume, crash, restart) stays in scripts/chapter07_check
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -32,6 +35,7 @@ from ddplab.timing import slowest_rank
 from ddplab.torchrun_restart import loss_series
 
 SKIPPED_UNDER_TORCHRUN = "needs several launches; run with python (mp.spawn) for this part"
+LOCK_NAME = ".ddplab-run.lock"  # in --ckpt-dir: who is writing checkpoints there
 
 
 def add_arguments(parser) -> None:
@@ -59,6 +63,58 @@ def check_args(args, steps: int) -> None:
     if args.crash_at_step is not None and not 0 <= args.crash_at_step < steps:
         raise UsageError(f"--crash-at-step {args.crash_at_step}: the run has {steps} steps"
                          f"{' (--quick)' if args.quick else ''}, choose 0..{steps - 1}")
+    if args.ckpt_dir is not None:
+        check_directory_place(args.ckpt_dir)
+
+
+def check_directory_place(directory: Path) -> None:
+    """``--ckpt-dir`` must be a directory or not exist yet, below a directory (not a file)."""
+    for place in (directory, *directory.parents):
+        if place.exists():
+            if not place.is_dir():
+                what = "names a file" if place == directory else f"is below a file, {place}"
+                raise UsageError(f"--ckpt-dir {directory} {what}: checkpoints need a directory; "
+                                 "choose another --ckpt-dir")
+            return
+
+
+def checkpoint_directory_lock(args):
+    """The lock on ``--ckpt-dir`` for this run (under torchrun rank 0 takes it: the ranks of
+    one run share the directory), or nothing when there is no --ckpt-dir."""
+    if args.ckpt_dir is None or (started_by_torchrun() and os.environ.get("RANK") != "0"):
+        return nullcontext()
+    return locked_directory(args.ckpt_dir)
+
+
+@contextmanager
+def locked_directory(directory: Path) -> Iterator[None]:
+    """Hold ``directory`` for this run alone: two runs checkpointing into one directory would
+    overwrite each other's checkpoints and final.pt, and both report success.
+
+    ``flock``: the kernel releases the lock when the process ends, however it ends, so a
+    killed run leaves no lock behind that would block the next one.  The file stays (removing
+    it would race with a run that just opened it); it says who held it last.
+    """
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise UsageError(f"cannot use --ckpt-dir {directory} ({err.strerror}); choose a "
+                         "directory you can write to") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 300, 0).decode(errors="replace").strip() or "another run"
+            raise UsageError(f"--ckpt-dir {directory} is in use by {holder}: wait until that "
+                             "run ends, or choose another --ckpt-dir") from None
+        since = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"the run with PID {os.getpid()} on {socket.gethostname()} since "
+                      f"{since}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def work_directory(args) -> tuple[Path, bool]:
@@ -68,7 +124,7 @@ def work_directory(args) -> tuple[Path, bool]:
     common parent, the torchrun agent (one machine; several need a shared --ckpt-dir).
     """
     if args.ckpt_dir is not None:
-        if args.ckpt_dir.exists() and any(args.ckpt_dir.iterdir()):
+        if args.ckpt_dir.exists() and any(p.name != LOCK_NAME for p in args.ckpt_dir.iterdir()):
             raise UsageError(f"--ckpt-dir {args.ckpt_dir} is not empty: the chapter "
                              "needs fresh runs (use --train to resume from it)")
         return args.ckpt_dir, False

@@ -22,6 +22,13 @@ DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_TIMEOUT_S = 120.0
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week; timedelta overflows long before infinity
 DEFAULT_OUT = "out"  # ignored by git: a reader's runs never touch the committed figures/
+# Below this the ranks give up while still connecting to the store, before any work starts.
+MIN_TIMEOUT_S = 1.0
+# numpy's legacy seeding takes 0 .. 2**32 - 1; torch's and Python's take more.
+MAX_SEED = 2**32 - 1
+# What one CPU rank of these chapters takes (interpreter, torch, gloo, a small model), an
+# estimate from measured runs; a GPU rank's host memory is larger still.
+RANK_MEMORY_MIB = 220
 
 
 class UsageError(Exception):
@@ -97,6 +104,7 @@ def parse_chapter_args(parser: argparse.ArgumentParser, argv: list[str] | None =
     """Parse and check the shared flags; exits with one line on bad input."""
     args = parser.parse_args(argv)
     try:
+        check_launcher_environment()
         check_args(args)
         chapter = re.match(r"chapter(\d{2})_", parser.prog or "")
         if chapter:
@@ -115,9 +123,17 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    if args.timeout < MIN_TIMEOUT_S:
+        raise UsageError(f"--timeout {args.timeout:g} is too short: the ranks need about "
+                         f"{MIN_TIMEOUT_S:g} s just to meet; use --timeout {MIN_TIMEOUT_S:g} "
+                         "or more")
     if args.timeout > MAX_TIMEOUT_S:
         raise UsageError(f"--timeout {args.timeout:g} is more than a week; use at most "
                          f"{MAX_TIMEOUT_S:g} seconds")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise UsageError(f"--seed must be between 0 and {MAX_SEED} (numpy's limit), "
+                         f"got {args.seed}")
+    check_memory(args.world_size)
     cores = os.cpu_count() or 1
     if args.world_size is not None and args.world_size > cores and args.backend != "nccl":
         warnings.warn(
@@ -126,6 +142,75 @@ def check_args(args: argparse.Namespace) -> None:
             stacklevel=2,
         )
     check_writable(args.out)
+
+
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")  # all three: a rank started by torchrun
+# torchrun's agent sets these for every worker beside RANK/WORLD_SIZE/LOCAL_RANK
+# (torch/distributed/elastic/agent/server/local_elastic_agent.py, _start_workers); a launch by
+# hand for init_method="env://" sets MASTER_ADDR and MASTER_PORT.
+FROM_TORCHRUN = ("TORCHELASTIC_RUN_ID", "GROUP_RANK")
+
+
+def check_launcher_environment() -> None:
+    """RANK, WORLD_SIZE and LOCAL_RANK, when all set, must be usable numbers that a launcher set.
+
+    Left over in a shell (an ``export`` for an earlier experiment), they would make this run
+    one rank of a torchrun job that does not exist: it would wait the whole --timeout for its
+    peers and never say why.
+    """
+    if not all(name in os.environ for name in RANK_VARIABLES):
+        return
+    values = {name: _whole_number(name) for name in (*RANK_VARIABLES, "LOCAL_WORLD_SIZE")
+              if name in os.environ}
+    world = values["WORLD_SIZE"]
+    if world < 1:
+        raise UsageError(f"WORLD_SIZE={world} in the environment: a world needs at least 1 rank")
+    if not 0 <= values["RANK"] < world:
+        raise UsageError(f"RANK={values['RANK']} in the environment: WORLD_SIZE={world} has "
+                         f"ranks 0..{world - 1}")
+    local_world = values.get("LOCAL_WORLD_SIZE", world)
+    if local_world < 1 or not 0 <= values["LOCAL_RANK"] < local_world:
+        raise UsageError(f"LOCAL_RANK={values['LOCAL_RANK']} in the environment does not fit "
+                         f"LOCAL_WORLD_SIZE={local_world}")
+    by_hand = "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
+    if not by_hand and not any(name in os.environ for name in FROM_TORCHRUN):
+        raise UsageError("RANK/WORLD_SIZE are set but not by torchrun (no TORCHELASTIC_RUN_ID, "
+                         "no MASTER_ADDR/MASTER_PORT): unset them (unset RANK WORLD_SIZE "
+                         "LOCAL_RANK) or run under torchrun")
+
+
+def _whole_number(name: str) -> int:
+    text = os.environ[name]
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"{name}={text!r} in the environment is not a whole number: unset "
+                         "it, or run under torchrun, which sets it") from None
+
+
+def check_memory(world_size: int | None) -> None:
+    """Refuse more ranks than the free memory holds: otherwise the machine swaps or the
+    kernel's OOM killer ends ranks (or something else) half-way through."""
+    available = available_memory_mib()
+    if world_size is None or available is None:
+        return
+    needed = world_size * RANK_MEMORY_MIB
+    if needed > available:
+        fits = max(1, available // RANK_MEMORY_MIB)
+        raise UsageError(f"--world-size {world_size} needs about {needed} MiB (about "
+                         f"{RANK_MEMORY_MIB} MiB per rank) but {available} MiB are available "
+                         f"(MemAvailable in /proc/meminfo): use --world-size {fits} or fewer")
+
+
+def available_memory_mib() -> int | None:
+    """MemAvailable from /proc/meminfo in MiB; None where there is no such file (not Linux)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) // 1024  # the file says kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def check_writable(out: Path) -> None:

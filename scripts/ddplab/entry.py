@@ -7,6 +7,7 @@ a rank that failed, bad flags, SIGTERM and Ctrl-C each end as one ``error: ...``
 
 from __future__ import annotations
 
+import errno
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -33,9 +34,18 @@ def run_main(main: Callable[[list[str] | None], Any], argv: list[str] | None = N
         return _last_line(f"error: {err}; every rank was stopped", err.exit_code)
     except KeyboardInterrupt:
         return _last_line("error: interrupted (Ctrl-C); every rank was stopped", 130)
+    except OSError as err:
+        if err.errno not in NO_ROOM:
+            raise
+        where = err.filename or "a file"
+        return _last_line(f"error: cannot write {where}: {err.strerror}; free some space there, "
+                          "or write elsewhere (--out DIR, --ckpt-dir DIR, TMPDIR=DIR)", 1)
     if started_by_torchrun():
         exit_without_teardown(0)  # this process is a rank: see exit_without_teardown
     return 0
+
+
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # disk full, over quota, file too large
 
 
 def _last_line(message: str, code: int) -> int:

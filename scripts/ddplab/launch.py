@@ -15,10 +15,12 @@ waiting in a collective; a rank stuck in a collective gives up after ``--timeout
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import logging
 import os
 import pickle
+import shutil
 import signal
 import sys
 import tempfile
@@ -36,13 +38,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from . import stopping
-from .cli import UsageError
+from .cli import RANK_VARIABLES, UsageError, check_launcher_environment
 from .devices import Placement, default_world_size, place, usable_cores
 from .ranks import RankContext, seed_everything
 from .results import provenance
 
 Worker = Callable[[RankContext, Any], Any]
-_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
 @dataclass
@@ -63,12 +64,13 @@ class RankFailed(Exception):
 
 
 def started_by_torchrun() -> bool:
-    return all(name in os.environ for name in _TORCHRUN_VARS)
+    return all(name in os.environ for name in RANK_VARIABLES)
 
 
 def planned_world_size(args) -> int:
     """The world size this run will have, known before any rank starts."""
     if started_by_torchrun():
+        check_launcher_environment()
         return int(os.environ["WORLD_SIZE"])
     return args.world_size or default_world_size()
 
@@ -89,6 +91,7 @@ def launch(worker: Worker, args) -> Run | None:
     if getattr(args, "replot", False):  # a chapter without --replot must not run a whole run
         raise UsageError("this chapter cannot --replot yet: run it without --replot")
     if started_by_torchrun():
+        check_launcher_environment()  # for a script that parses its own flags
         return _launched_by_torchrun(worker, args)
     world_size = args.world_size or default_world_size()
     placement = place(_device_flag(args), args.backend, world_size)
@@ -117,18 +120,25 @@ def _spawn(worker: Worker, args, world_size: int, placement: Placement) -> Run:
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # we report instead
     with tempfile.TemporaryDirectory(prefix="ddplab-") as scratch:
         plan = _SpawnPlan(world_size, placement, store.port, Path(scratch))
-        ranks = mp.start_processes(_spawned_rank, args=(worker, args, plan), nprocs=world_size,
-                                   join=False, start_method="spawn")
+        ranks = _start_ranks(worker, args, plan)
         try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # a stop that came
+            # while the ranks started is raised here, where every rank is known and stopped
             # On a failure, join gives the other ranks STOP_GRACE_S to end by themselves, then
             # SIGTERM and STOP_GRACE_S more, then SIGKILL: a frozen rank ends within
             # --timeout (a peer gives up) + 2 * STOP_GRACE_S.
             while not ranks.join(grace_period=stopping.STOP_GRACE_S):
                 pass
         except mp.ProcessExitedException as err:
+            _check_room(plan.scratch)
             raise _root_cause(plan.scratch, err.error_index, died=_how_it_died(err)) from None
         except mp.ProcessRaisedException as err:  # raised before it could report (e.g. in init)
+            _check_room(plan.scratch)
             raise _root_cause(plan.scratch, err.error_index, raised=err.msg) from None
+        except (EOFError, pickle.UnpicklingError):  # mp.spawn found a rank's report empty
+            _check_room(plan.scratch)
+            failed = next((i for i, p in enumerate(ranks.processes) if p.exitcode), 0)
+            raise RankFailed(failed, "it failed, and its error report is empty") from None
         finally:  # also on Ctrl-C or SIGTERM here: no rank outlives this process
             stopping.stop_processes(ranks.processes)
             for path in ranks.error_files:  # mp.spawn's reports of a rank's error, in $TMPDIR
@@ -137,11 +147,38 @@ def _spawn(worker: Worker, args, world_size: int, placement: Placement) -> Run:
             return pickle.load(f)
 
 
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def _start_ranks(worker: Worker, args, plan: _SpawnPlan) -> mp.ProcessContext:
+    """Start the rank processes with the stop signals blocked, here and (inherited) in them.
+
+    A Ctrl-C while a rank still imports torch would otherwise print a KeyboardInterrupt
+    traceback from the middle of that import above the run's last line; blocked, it waits
+    until the rank ignores SIGINT and is dropped.  Here it waits until every rank has started,
+    so that none is started after the stop and left behind.
+    """
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()  # starting it later would unblock the signals
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        return mp.start_processes(_spawned_rank, args=(worker, args, plan),
+                                  nprocs=plan.world_size, join=False, start_method="spawn")
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        raise
+
+
 def _spawned_rank(rank: int, worker: Worker, args, plan: _SpawnPlan) -> None:
     """Entry point of each spawned process (mp.spawn passes the process index as the rank)."""
     # Ctrl-C reaches every process of the terminal's group: the launching process stops the
     # ranks (at once, and with the last word); and if it dies, the kernel ends its ranks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The launching process stops a rank with SIGTERM: as an exception, so that what the rank
+    # was writing (a checkpoint's temporary file) is removed on the way out.
+    stopping.stop_on_sigterm()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # blocked by _start_ranks
     _end_with_parent()
     # The same variables torchrun would set, so code written for torchrun works unchanged.
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(plan.world_size),
@@ -155,9 +192,12 @@ def _spawned_rank(rank: int, worker: Worker, args, plan: _SpawnPlan) -> None:
                    "traceback": "".join(traceback.format_exception(err))}
         (plan.scratch / f"error-rank{rank}.json").write_text(json.dumps(failure))
 
-    run = _run_rank(worker, args, rank=rank, local_rank=rank, world_size=plan.world_size,
-                    local_world_size=plan.world_size, placement=plan.placement,
-                    launcher="mp.spawn", store=store, on_error=report)
+    try:
+        run = _run_rank(worker, args, rank=rank, local_rank=rank, world_size=plan.world_size,
+                        local_world_size=plan.world_size, placement=plan.placement,
+                        launcher="mp.spawn", store=store, on_error=report)
+    except stopping.Stopped as stop:  # the launching process reports the stop, not a rank
+        exit_without_teardown(stop.exit_code)
     if run is not None:
         with open(plan.scratch / "result.pkl", "wb") as f:
             pickle.dump(run, f)
@@ -215,6 +255,17 @@ def _root_cause(scratch: Path, rank: int, *, died: str | None = None,
         lines = raised.strip().splitlines()
         return RankFailed(rank, lines[-1] if lines else "failed with no error message", raised)
     return RankFailed(first["rank"], first["summary"], first["traceback"])
+
+
+def _check_room(scratch: Path) -> None:
+    """A rank that fails for want of space cannot write why either (its report, mp.spawn's
+    error file, its result: all in the temporary directory).  Say that the disk is full
+    (entry.run_main makes it one line) rather than blame the rank."""
+    if shutil.disk_usage(scratch).free < _ROOM_FOR_REPORTS:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(scratch)) from None
+
+
+_ROOM_FOR_REPORTS = 1 << 20  # an error report fits in far less
 
 
 def _is_follow_on(summary: str) -> bool:
@@ -285,7 +336,8 @@ def _run_rank(worker: Worker, args, *, rank: int, local_rank: int, world_size: i
         result = worker(ctx, args)
         return Run(result, provenance(ctx)) if ctx.is_main else None
     except BaseException as err:
-        on_error(err, _claim_first_failure(store, rank, args.timeout))
+        if not isinstance(err, stopping.Stopped):  # stopped from outside: not a failure
+            on_error(err, _claim_first_failure(store, rank, args.timeout))
         raise
     finally:
         dist.destroy_process_group()  # always leave the group, even after an error

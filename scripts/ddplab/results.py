@@ -124,6 +124,10 @@ def chapter_output(out: Path, chapter: int) -> Iterator[Path]:
     try:
         yield staging
         _swap_into_place(staging, final)
+    except OSError as err:  # a full disk: name the folder, not a staging file that is gone
+        if err.filename is None or Path(err.filename).parent == staging:
+            raise OSError(err.errno, err.strerror, str(final)) from None
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -151,8 +155,12 @@ def _swap_into_place(staging: Path, final: Path) -> None:
 
 def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _finite(value):

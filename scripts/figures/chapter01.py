@@ -17,6 +17,12 @@ REPLICA_LABELS = {"same_seed": "same seed", "seed_plus_rank": "seed + rank",
                   "seed_plus_rank_then_broadcast": "seed + rank, then broadcast"}
 
 
+# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+SCHEMA = {
+    "ranks": "list", "replicas": "dict", "replicas.*": "dict",
+}
+
+
 def draw(results: dict, folder: Path) -> list[str]:
     """Every figure of the chapter into ``folder``; returns their file names."""
     draw_ranks(results["ranks"], folder / "ranks.png")

@@ -19,6 +19,12 @@ CALLS = {"send_recv": "batch_isend_irecv: isend(t, right), irecv(out, left)",
          "reduce_scatter": "dist.reduce_scatter(out, pieces)",
          "all_to_all": "dist.all_to_all_single(out, t)"}
 
+# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+SCHEMA = {
+    "states": "dict", "states.*": "dict", "states.*.before": "list", "states.*.after": "list",
+}
+
+
 def draw(results: dict, folder: Path) -> list[str]:
     """Every figure of the chapter into ``folder``; returns their file names."""
     names = []

@@ -23,6 +23,16 @@ LABELS = {"ring": "ring_all_reduce (ours)", "native": "dist.all_reduce (gloo)",
 COLOR_KEYS = {"ring": "ring", "native": "native", "naive": "naive_allreduce"}
 
 
+# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+SCHEMA = {
+    "provenance.world_size": "number", "provenance.backend": "str",
+    "sizes_bytes": "list", "time_ms": "dict", "time_ms.*": "dict", "time_ms.*.*": "number",
+    "busbw_gbps": "dict", "busbw_gbps.*": "dict", "alpha_beta": "dict",
+    "alpha_beta.*.predicted_ms": "dict", "segments": "dict", "segments.rows": "list",
+    "segments.size_bytes": "number", "scaling": "dict",
+}
+
+
 def draw(results: dict, folder: Path) -> list[str]:
     """Every figure of the chapter into ``folder``; returns their file names."""
     world = results["provenance"]["world_size"]

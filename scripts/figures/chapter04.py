@@ -15,6 +15,13 @@ from pathlib import Path
 
 from ddplab.timeline import Event
 
+# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+SCHEMA = {
+    "hook_order": "list", "gradient_ready": "dict", "gradient_ready.parameters": "list",
+    "overlap": "dict", "overlap.timelines": "dict", "overlap.step_time_ms": "dict",
+    "bucket_sweep": "dict", "bucket_sweep.points": "list", "provenance.backend": "str",
+}
+
 
 def draw(results: dict, folder: Path) -> list[str]:
     """Every figure of the chapter into ``folder``; returns their file names."""

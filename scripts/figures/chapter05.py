@@ -29,6 +29,16 @@ SHORT = {"local": "local\n(no comm.)", "naive": "Naive", "bucketed": "Bucketed",
          "native": "native", "native_view": "native\nas view"}
 
 
+# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+SCHEMA = {
+    "training": "dict", "training.loss": "dict", "training.loss.*": "list",
+    "training.max_abs_diff_per_step": "dict", "step_time_ms": "dict",
+    "step_time_ms.native": "number", "step_time_ms.*": "number",
+    "step_time_quartiles_ms": "dict", "sharding": "dict", "sharding.samples": "number",
+    "sharding.world_size": "number", "sharding.shards": "dict", "scaling": "dict",
+}
+
+
 def draw(results: dict, folder: Path) -> list[str]:
     """Every figure of the chapter into ``folder``; returns their file names."""
     draw_equivalence(results["training"], folder / "equivalence.png")

@@ -24,6 +24,15 @@ LEGEND = {"comm": "all-reduce (comm)", "data": "late: injected delay",
           "eval": "rank 0 only: evaluate + save", "join": "joined: shadowing the others"}
 
 
+# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+SCHEMA = {
+    "timelines": "dict", "timelines.*": "list", "straggler": "dict",
+    "straggler.slow_rank": "number", "straggler.bubble_delay_ms": "number",
+    "straggler.delay_ms": "list", "straggler.step_time_ms": "list", "straggler.bucketed": "dict",
+    "syncbn": "dict", "syncbn.step_time_ms": "dict",
+}
+
+
 def draw(results: dict, out: Path) -> list[str]:
     """Every figure of the chapter into ``out``; returns their file names."""
     ev = {name: [timeline.Event(**e) for e in events]

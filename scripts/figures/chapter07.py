@@ -18,6 +18,13 @@ from pathlib import Path
 
 from ddplab.replot import read_figure_data
 
+# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+SCHEMA = {
+    "config": "dict", "config.crash_at": "number", "restart": "dict", "resume": "dict",
+    "dcp": "dict", "save_phases_ms": "dict", "save_phases_ms.*": "number",
+    "checkpoint_mb": "number",
+}
+
 
 def draw(results: dict, folder: Path) -> list[str]:
     """Every figure of the chapter into ``folder``; returns their file names."""

@@ -18,6 +18,13 @@ HOOKS = ("none", "fp16", "bf16", "powersgd")  # the chapter script's HOOKS, in d
 LABELS = {"none": "no compression", "fp16": "fp16", "bf16": "bf16", "powersgd": "PowerSGD r=2"}
 
 
+# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+SCHEMA = {
+    "sweep": "dict", "sweep.*": "dict", "sweep.*.*": "dict", "sweep.*.*.loss": "list",
+    "training": "dict", "training.powersgd_start_iter": "number",
+}
+
+
 def draw(results: dict, folder: Path) -> list[str]:
     """Every figure of the chapter into ``folder``; returns their file names."""
     sweep = {int(world): runs for world, runs in results["sweep"].items()}

@@ -12,6 +12,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+SCHEMA = {
+    "validation": "dict", "validation.runs": "dict", "validation.runs.*": "dict",
+    "validation.runs.*.compute_ms": "number", "validation.runs.*.exposed_ms": "number",
+    "validation.runs.*.predicted_ms": "number",
+}
+
 
 def draw(metrics: dict, out: Path) -> list[str]:
     import matplotlib.pyplot as plt
