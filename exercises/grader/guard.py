@@ -7,12 +7,17 @@ imported (so ``from torch.distributed import all_reduce`` in that file gets the 
   it rebuilds raise a ``Mistake`` that names the call and the learner's line;
 * a hang must be explained: before every blocking send/recv/wait the rank writes what it is about
   to wait for (and the learner's line) into a shared buffer the grading process reads when it
-  ends the hung exercise.
+  ends the hung exercise; a watcher thread keeps the learner's line the rank is running in a
+  second buffer, so a hang with no message pending (a loop that never ends) is named too.
 """
 
 from __future__ import annotations
 
 import functools
+import linecache
+import sys
+import threading
+import time
 import traceback
 from contextlib import contextmanager
 
@@ -37,6 +42,40 @@ class _State:
     waiting = None  # a multiprocessing Array('c') shared with the grading process
 
 
+def _write(buffer, text: str) -> None:
+    if buffer is not None:
+        buffer.value = text.encode()[: len(buffer) - 1]
+
+
+def running_line(frame, learner_file: str) -> str:
+    """'your line N (`source`)' for the innermost frame of the learner's file, or ''."""
+    while frame is not None and frame.f_code.co_filename != learner_file:
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    source = linecache.getline(learner_file, frame.f_lineno).strip()
+    return f"your line {frame.f_lineno}" + (f" (`{source}`)" if source else "")
+
+
+def watch_main_thread(learner_file: str, buffer, every_s: float = 0.25) -> None:
+    """Keep the learner's line the main thread is running in ``buffer`` (a daemon thread).
+
+    A Python loop gives the thread its turn every few milliseconds (the GIL's switch interval);
+    a call that holds the GIL for good leaves the last line seen, which is still the learner's."""
+    main = threading.main_thread().ident
+
+    def watch() -> None:
+        last = None
+        while True:
+            line = running_line(sys._current_frames().get(main), learner_file)
+            if line != last:
+                _write(buffer, line)
+                last = line
+            time.sleep(every_s)
+
+    threading.Thread(target=watch, name="grader-watch", daemon=True).start()
+
+
 def learner_line() -> str:
     """' (your line N)' for the innermost frame of the learner's file on the stack, or ''."""
     for frame in reversed(traceback.extract_stack()):
@@ -46,8 +85,7 @@ def learner_line() -> str:
 
 
 def _say_waiting(text: str) -> None:
-    if _State.waiting is not None:
-        _State.waiting.value = text.encode()[: len(_State.waiting) - 1]
+    _write(_State.waiting, text)
 
 
 class _WatchedWork:
