@@ -110,11 +110,33 @@ def _peer_text(kind: str, args, kwargs) -> str:
     return f"dist.{kind} {direction} rank {peer}" if peer is not None else f"dist.{kind}"
 
 
+def _check_peer(name: str, args, kwargs) -> None:
+    """A Mistake for a peer outside the group or equal to this rank: what a group rank passed
+    where send/recv expect a global rank looks like (gloo itself only says "Pair is not
+    connected", or torch "Global rank ... is not part of group")."""
+    peer = kwargs.get("dst", kwargs.get("src", args[1] if len(args) > 1 else None))
+    group = kwargs.get("group", args[2] if len(args) > 2 else None)
+    if peer is None or group is None or group is dist.GroupMember.WORLD:
+        return
+    ranks, me = dist.get_process_group_ranks(group), dist.get_rank()
+    if peer == me:
+        problem = f"rank {peer} is this rank itself"
+    elif peer not in ranks:
+        problem = f"rank {peer} is not in that group"
+    else:
+        return
+    raise Mistake(f"rank {me} (rank {ranks.index(me)} of the group): your code called "
+                  f"{_peer_text(name, args, kwargs)}{learner_line()} with a group of global ranks "
+                  f"{ranks}, and {problem}. dist.send/recv take global ranks even with a group: "
+                  "translate group rank r with dist.get_global_rank(group, r)")
+
+
 def _wrap_p2p(name: str, original):
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
         if _State.inside:  # torch's recv calls irecv: report the call the learner wrote
             return original(*args, **kwargs)
+        _check_peer(name, args, kwargs)
         what = _peer_text(name, args, kwargs) + learner_line()
         if name in ("isend", "irecv"):
             return _WatchedWork(original(*args, **kwargs), what)
