@@ -138,6 +138,19 @@ def test_a_signal_while_learner_code_spins_ends_everything(box, sig):
     box.assert_clean()
 
 
+def test_ctrl_c_while_the_grader_starts_is_one_line(box):
+    proc = box.start("-m", "exercises.grader", "05",
+                     "exercises/solutions/chapter05_data_parallel.py")
+    first = proc.stdout.readline()  # printed before torch is imported, the handlers in place
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert first.startswith("Grading "), first + err
+    assert proc.returncode == 130, err
+    assert last_line(err) == INTERRUPTED[signal.SIGINT][1]
+    assert "Traceback" not in err
+    box.assert_clean()
+
+
 # --- what the grader is told -----------------------------------------------------------------
 
 @pytest.mark.parametrize("value", ["abc", "nan", "0", "-1", "inf"])

@@ -14,10 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+# Only light modules here: torch is imported once the signal handlers are in place, so a
+# Ctrl-C during that import is one line too.
 from . import procs
-from .chapters import EXERCISES_DIR, SLUGS, learner_file, solution_file
-from .core import UsageError, check_path, grade, timeout_override
-from .feedback import draw_feedback
+from .chapters import EXERCISES_DIR, SLUGS, UsageError, check_path, learner_file, solution_file
 
 REFERENCE_FIGURES = EXERCISES_DIR / "feedback"
 LEARNER_FIGURES = EXERCISES_DIR.parent / "out" / "feedback"
@@ -64,6 +64,8 @@ def report(args: argparse.Namespace) -> int:
     shown = os.path.relpath(path) if path.resolve().is_relative_to(Path.cwd()) else path
     check_path(Path(shown))
     print(f"Grading {shown} (chapter {args.chapter:02d}; gloo on CPU, 1 to 3 ranks)", flush=True)
+    from .core import grade
+    from .feedback import draw_feedback
     start = time.perf_counter()
     verdicts = grade(path, args.chapter)
     if verdicts[0].status == "broken":  # one line, not one per exercise
@@ -104,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     last = ""
     try:
         args = parse(argv)
+        from .core import timeout_override
         timeout_override()
         code = report(args)
     except UsageError as error:

@@ -31,16 +31,13 @@ from datetime import timedelta
 from pathlib import Path
 
 from . import procs
+from .chapters import UsageError, check_path
 from .guard import Mistake, point_to_point_only
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 2.0  # how long the other ranks may take to finish once one rank has failed
 IMPORT_TIMEOUT_S = 20.0  # for the learner's module-level code (torch is imported already)
 LAUNCHED_PIDS: list[int] = []  # every process started for learner code, so the tests can check
-
-
-class UsageError(Exception):
-    """The grader was called wrongly (a setting or a file): one line, exit status 2."""
 
 
 def timeout_override() -> float | None:
@@ -143,16 +140,6 @@ def explain_exception(error: BaseException, path: Path) -> str:
     where = f" at your line {frames[-1].lineno} (`{frames[-1].line}`)" if frames else ""
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return f"your code raised {type(error).__name__}{where}" + (f": {text}" if text else "")
-
-
-def check_path(path: Path) -> None:
-    """A file the grader can import, or a UsageError that says what is wrong with it."""
-    if not path.is_file():
-        raise UsageError(f"there is no file {path}" if not path.exists() else
-                         f"{path} is not a file: give the path of your .py file")
-    if path.suffix != ".py":
-        raise UsageError(f"{path} is not a Python file: the grader imports your code, so give "
-                         "the .py file you wrote the exercises in")
 
 
 def _probe_main(path: str, names: list[str], answer, where) -> None:
