@@ -44,7 +44,7 @@ run-chapter%: $(STAMP) ## run chapter NN (e.g. make run-chapter05); figures go t
 	if [ -z "$$script" ]; then echo "error: there is no chapter $* (chapters: $(CHAPTERS))" >&2; exit 2; fi; \
 	echo "$(PY) $$script $(ARGS)"; $(PY) $$script $(ARGS)
 
-grade-%: $(STAMP) ## grade your exercises of chapter NN (FILE=path.py grades that file instead)
+grade-%: $(STAMP) ## grade your exercises of chapter NN (FILE=path.py grades that file instead; ARGS=--refresh-reference redraws exercises/feedback/ from the solution)
 	@$(PY) -m exercises.grader $* $${FILE:+"$$FILE"} $(ARGS)
 
 doctor: ## pre-flight for a workshop day: versions, gloo, ports, cores, GPUs, disk, site (< 30 s)
