@@ -7,6 +7,10 @@ VENV        ?= .venv
 CONSTRAINTS ?=
 # Extra flags for a chapter script, e.g.  make run-chapter05 ARGS="--world-size 4 --quick"
 ARGS        ?=
+# The file `make grade-NN` grades (default: the learner's exercise file).  Exported, and read by
+# the recipe's shell as "$$FILE": a name with spaces or quotes stays one argument.
+FILE        ?=
+export FILE
 
 # Material for MkDocs 9.7+ prints an end-of-life notice (for its successor) on every build; the
 # book stays on Material 9 + MkDocs 1.6 on purpose, so the notice is noise here.
@@ -50,8 +54,8 @@ run-chapter%: $(STAMP) ## run chapter NN (e.g. make run-chapter05); figures go t
 	if [ -z "$$script" ]; then echo "error: there is no chapter $* (chapters: $(CHAPTERS))" >&2; exit 2; fi; \
 	echo "$(PY) $$script $(ARGS)"; $(PY) $$script $(ARGS)
 
-grade-%: $(STAMP) ## grade your exercises of chapter NN (FILE=path.py grades that file instead)
-	@$(PY) -m exercises.grader $* $(FILE)
+grade-%: $(STAMP) ## grade your exercises of chapter NN (FILE=path.py grades that file instead; ARGS=--refresh-reference redraws exercises/feedback/ from the solution)
+	@$(PY) -m exercises.grader $* $${FILE:+"$$FILE"} $(ARGS)
 
 doctor: ## pre-flight for a workshop day: versions, gloo, ports, cores, GPUs, disk, site (< 30 s)
 	@if [ -x $(PY) ]; then $(PY) scripts/doctor.py; else $(PYTHON) scripts/doctor.py; fi

@@ -30,7 +30,8 @@ def ring_all_reduce(tensor: torch.Tensor, group=None) -> None:
     one chunk to its right neighbour and adds the chunk arriving from its left one.  All-gather:
     N-1 more steps that pass the finished chunks round, copied instead of added.  Must work for
     any number of elements (0, 1, fewer than N, not divisible by N), any N >= 1, and float32,
-    float64 and bfloat16.  Point-to-point calls only.  Returns None.
+    float64 and bfloat16, also for a non-contiguous ``tensor`` (a transposed view): the sum
+    must end up in the tensor you were given.  Point-to-point calls only.  Returns None.
     """
     raise NotImplementedError("exercise 03.2: reduce-scatter then all-gather around the ring")
 

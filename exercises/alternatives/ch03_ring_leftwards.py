@@ -13,7 +13,7 @@ def ring_all_reduce(tensor, group=None):
     if world == 1 or n == 0:
         return
     peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
-    flat = tensor.view(-1)
+    flat = tensor.contiguous().view(-1)  # a copy only when `tensor` is not contiguous
     bounds = [n * i // world for i in range(world + 1)]  # the big chunks come last here
     chunks = [flat[bounds[i]:bounds[i + 1]] for i in range(world)]
     left, right = peer((rank - 1) % world), peer((rank + 1) % world)
@@ -31,3 +31,5 @@ def ring_all_reduce(tensor, group=None):
                dist.P2POp(dist.irecv, chunks[recv], right, group)]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
+    if flat.data_ptr() != tensor.data_ptr():  # it was a copy: the sum goes back in place
+        tensor.copy_(flat.view_as(tensor))

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from .core import Context, Exercise
 from .guard import Mistake
-from .sums import GENERIC, diagnose_sum, rank_tensor
+from .sums import close, diagnose_sum, rank_tensor
 
 HANG = ("Every send needs a matching recv on the other rank (same peer, same size); a rank that "
         "only receives, or two ranks that both receive first, wait forever.")
@@ -62,15 +62,26 @@ def check_reduce_scatter(ctx: Context) -> None:
         terms = [inputs[q][ctx.rank] for q in range(world)]
         try:
             diagnose_sum(output, terms, ctx.rank, reference,
-                         f"reduce_scatter into rank {ctx.rank}'s output")
+                         f"reduce_scatter into rank {ctx.rank}'s output", _reduce_scatter_cause)
         except Mistake as error:
-            message = str(error).replace(GENERIC, "").rstrip()
             own = [inputs[ctx.rank][r] for r in range(world)]
             what = (" It is one of this rank's own inputs." if any(torch.equal(output, t)
                                                                   for t in own) else "")
-            raise Mistake(f"{message}{what} Rank r's output is the sum over the ranks of "
+            raise Mistake(f"{error}{what} Rank r's output is the sum over the ranks of "
                           "their input_list[r]: send input_list[r] to rank r, add what "
                           "arrives.") from None
+
+
+def _reduce_scatter_cause(result, terms, exact, _wrong, rank) -> str:
+    """The likely mistake, in reduce-scatter's terms (it has no chunks and no all-gather)."""
+    if close(result, exact - terms[rank].double()):
+        return (f"It is the sum of what the other ranks sent, without rank {rank}'s own piece: "
+                f"add your own input_list[{rank}] too (start from output.copy_(input_list[rank])).")
+    if close(result, exact * len(terms)) or close(result, exact * 2):
+        return "It is a multiple of the sum: was some rank's piece added twice?"
+    if close(result, exact / len(terms)):
+        return "It is the average, not the sum: a reduce-scatter SUM does not divide."
+    return ""
 
 
 EXERCISES = [

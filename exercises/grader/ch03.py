@@ -63,8 +63,31 @@ def check_naive(ctx: Context) -> None:
     check_all_reduce(ctx, ctx.learner.naive_all_reduce, "naive_all_reduce")
 
 
+def check_non_contiguous(ctx: Context, fn, label: str) -> None:
+    """A transposed view (not contiguous): the sum must land in the caller's tensor itself."""
+    rows, cols = 37, 29  # 1073 elements: divisible by neither 2 nor 3
+    inputs = [rank_tensor(r, rows * cols, torch.float32, seed=5).view(rows, cols).t()
+              for r in range(ctx.world_size)]
+    mine = inputs[ctx.rank].clone().t().contiguous().t()  # the same strides as the input
+    assert not mine.is_contiguous()
+    ctx.call(fn, mine)
+    what = f"{label} of a non-contiguous {cols}x{rows} tensor (a transposed view)"
+    if torch.equal(mine, inputs[ctx.rank]):
+        raise Mistake(f"{what}: rank {ctx.rank}'s tensor did not change, so the sum was never "
+                      "written back into the caller's tensor. On a non-contiguous tensor "
+                      "reshape(-1), flatten() and contiguous() return a copy (view(-1) raises), "
+                      "so your chunks were slices of that copy: sum into the copy, then "
+                      "tensor.copy_(flat.view_as(tensor)).")
+    terms = [t.contiguous() for t in inputs]
+    reference = terms[0] + terms[1] if ctx.world_size == 2 else None  # one rounding: exact
+    diagnose_sum(mine.contiguous(), terms, ctx.rank, reference, what)
+    _same_on_every_rank(ctx, mine.contiguous(), what)
+
+
 def check_ring(ctx: Context) -> None:
     check_all_reduce(ctx, ctx.learner.ring_all_reduce, "ring_all_reduce")
+    if ctx.world_size > 1:  # on 1 rank the tensor is its own sum: nothing to write back
+        check_non_contiguous(ctx, ctx.learner.ring_all_reduce, "ring_all_reduce")
     if ctx.world_size == 2:
         ctx.feedback.update(_bandwidth(ctx))
 

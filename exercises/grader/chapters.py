@@ -1,4 +1,6 @@
-"""Which file and which exercises belong to a chapter."""
+"""Which file and which exercises belong to a chapter, and whether a file can be graded.
+
+Light on purpose (no torch): the command line imports it before it can be interrupted cleanly."""
 
 from __future__ import annotations
 
@@ -11,6 +13,20 @@ import chapters as book_chapters  # scripts/chapters.py, the chapter registry
 
 EXERCISES_DIR = Path(__file__).resolve().parents[1]
 SLUGS = {c.number: c.slug for c in book_chapters.with_exercises()}
+
+
+class UsageError(Exception):
+    """The grader was called wrongly (a setting or a file): one line, exit status 2."""
+
+
+def check_path(path: Path) -> None:
+    """A file the grader can import, or a UsageError that says what is wrong with it."""
+    if not path.is_file():
+        raise UsageError(f"there is no file {path}" if not path.exists() else
+                         f"{path} is not a file: give the path of your .py file")
+    if path.suffix != ".py":
+        raise UsageError(f"{path} is not a Python file: the grader imports your code, so give "
+                         "the .py file you wrote the exercises in")
 
 
 def learner_file(chapter: int) -> Path:

@@ -5,12 +5,18 @@ It starts the ranks for one world size (1, 2, then 3), each rank imports the lea
 runs the checks of that world size's exercises in order; after each exercise every rank reports
 a verdict and waits for a "next".  When an exercise does not finish within its timeout, or one
 rank failed and the others are stuck waiting for it, the ranks are killed, the exercise is named
-(with what each rank was waiting for), and fresh ranks go on with the next exercise.
+(with what each rank was waiting for, or the line it was running), and fresh ranks go on with
+the next exercise.  Whether the file has the exercises' names is asked of a child process too
+(the "probe"), which imports it under a time limit: the learner's module-level code can loop,
+exit or fork there without touching the grading process.  Every such process leads its own
+process group, and it is killed with everything it started (``procs.kill_trees``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import math
 import multiprocessing as mp
 import os
 import queue
@@ -24,16 +30,41 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from . import procs
+from .chapters import UsageError, check_path
 from .guard import Mistake, point_to_point_only
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 2.0  # how long the other ranks may take to finish once one rank has failed
-LAUNCHED_PIDS: list[int] = []  # every rank process started, so the tests can check none is left
+IMPORT_TIMEOUT_S = 20.0  # for the learner's module-level code (torch is imported already)
+LAUNCHED_PIDS: list[int] = []  # every process started for learner code, so the tests can check
+
+
+def timeout_override() -> float | None:
+    """GRADER_TIMEOUT_S (a slow laptop, or the tests), checked: a finite number of seconds > 0."""
+    text = os.environ.get("GRADER_TIMEOUT_S")
+    if text is None:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise UsageError(f"GRADER_TIMEOUT_S must be a number of seconds greater than 0, got "
+                         f"{text!r}: unset it (`unset GRADER_TIMEOUT_S`) or set e.g. 30")
+    return seconds
 
 
 def timeout_of(ex: Exercise) -> float:
-    """The exercise's timeout; GRADER_TIMEOUT_S overrides it (a slow laptop, or the tests)."""
-    return float(os.environ.get("GRADER_TIMEOUT_S", ex.timeout_s))
+    """The exercise's timeout; GRADER_TIMEOUT_S overrides it."""
+    override = timeout_override()
+    return ex.timeout_s if override is None else override
+
+
+def import_timeout() -> float:
+    """How long the learner's module-level code may run; GRADER_TIMEOUT_S overrides it too."""
+    override = timeout_override()
+    return IMPORT_TIMEOUT_S if override is None else override
 
 
 @dataclass
@@ -111,24 +142,70 @@ def explain_exception(error: BaseException, path: Path) -> str:
     return f"your code raised {type(error).__name__}{where}" + (f": {text}" if text else "")
 
 
-def precheck(path: Path, exercises: list[Exercise]) -> tuple[dict[str, Verdict], str]:
-    """Problems visible without ranks: an unreadable file, a syntax error, a missing name."""
-    if not path.is_file():
-        return {}, f"there is no file {path}"
+def _probe_main(path: str, names: list[str], answer, where) -> None:
+    """In a child process: import the learner's file and answer which names it lacks."""
+    procs.own_session()
+    from . import guard
+    guard.watch_main_thread(path, where)
     try:
-        module = load_learner(path, "learner_precheck")
-    except BaseException as error:
-        return {}, f"{path} cannot be imported: {explain_exception(error, path)}"
+        module = load_learner(Path(path), "learner_probe")
+    except BaseException as error:  # SystemExit and KeyboardInterrupt included: all the learner's
+        answer.send(("error", explain_exception(error, Path(path))))
+    else:
+        answer.send(("ok", [name for name in names if not hasattr(module, name)]))
+    answer.close()
+    os._exit(0)  # nothing the learner's module registered (atexit, threads) runs or blocks
+
+
+def _probe(path: Path, names: list[str]) -> tuple[str, object]:
+    """Import the file in a child process, within import_timeout(): ("ok", missing names),
+    ("error", what was raised), or ("stopped", why the import never finished)."""
+    ctx = _context()
+    receiving, answer = ctx.Pipe(duplex=False)
+    where = ctx.Array("c", 300, lock=False)
+    child = ctx.Process(target=_probe_main, args=(str(path), names, answer, where), daemon=True)
+    limit = import_timeout()
+    child.start()
+    LAUNCHED_PIDS.append(child.pid)
+    answer.close()
+    try:
+        if receiving.poll(limit):
+            with contextlib.suppress(EOFError):
+                return receiving.recv()
+            child.join(timeout=5)  # the pipe closed without an answer: the process ended
+            return "stopped", ("your file ended the process that imported it (exit code "
+                               f"{child.exitcode}): remove the module-level exit "
+                               "(os._exit, sys.exit, os.kill) and keep module-level code to "
+                               "imports and definitions")
+        running = where.value.decode()
+        at = f", still at {running}" if running else ""
+        return "stopped", (f"your file did not finish importing within {limit:.0f} s{at}: code "
+                           "at module level runs on import; move it into a function (or under "
+                           "`if __name__ == \"__main__\":`)")
+    finally:
+        procs.kill_trees([child.pid])
+        child.join(timeout=10)
+        receiving.close()
+
+
+def precheck(path: Path, exercises: list[Exercise]) -> tuple[dict[str, Verdict], str]:
+    """Problems visible without ranks: a syntax error, a file that never imports, a missing name."""
+    status, answer = _probe(path, [ex.name for ex in exercises])
+    if status == "error":
+        return {}, f"{path} cannot be imported: {answer}"
+    if status == "stopped":
+        return {}, answer
     missing = {}
     for ex in exercises:
-        if not hasattr(module, ex.name):
+        if ex.name in answer:
             missing[ex.id] = Verdict(ex, "missing", f"your file has no `{ex.name}`: keep the "
                                      "name and signature of the exercise file")
     return missing, ""
 
 
 # ---------------------------------------------------------------- one rank
-def _rank_main(rank, world, port, prefix, path, chapter, ids, to_parent, go, waiting):
+def _rank_main(rank, world, port, prefix, path, chapter, ids, to_parent, go, waiting, where):
+    procs.own_session()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     warnings.filterwarnings("ignore")
     import torch
@@ -141,6 +218,7 @@ def _rank_main(rank, world, port, prefix, path, chapter, ids, to_parent, go, wai
     dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store), rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
     guard.install(str(path), waiting)
+    guard.watch_main_thread(str(path), where)
     exercises = {ex.id: ex for ex in load_chapter(chapter)}
     learner = load_learner(Path(path))
     for ex_id in ids:
@@ -153,7 +231,7 @@ def _rank_main(rank, world, port, prefix, path, chapter, ids, to_parent, go, wai
             to_parent.put((ex_id, rank, "todo", str(error), {}))
         except Mistake as error:
             to_parent.put((ex_id, rank, "fail", str(error), ctx.feedback))
-        except Exception as error:
+        except BaseException as error:  # SystemExit too: the learner's code ends no rank
             to_parent.put((ex_id, rank, "fail", explain_exception(error, Path(path)), {}))
         if go.get() != "next":
             break
@@ -181,11 +259,26 @@ def _worst(reports: dict[int, tuple], world: int) -> tuple[str, str, dict]:
     raise AssertionError("no report")
 
 
-def _hang_message(ex: Exercise, waiting) -> str:
-    stuck = [f"rank {r} {w.value.decode() or 'was still running'}" for r, w in enumerate(waiting)]
-    hint = f" {ex.hang_hint}" if ex.hang_hint else ""
+def _hang_message(ex: Exercise, waiting, where) -> str:
+    """Which rank was where, and a hint that fits: a rank that was running the learner's code
+    (waiting for no message) is the cause, however long the others waited for it."""
+    stuck, busy = [], []
+    for rank, (wait, line) in enumerate(zip(waiting, where, strict=True)):
+        wait, line = wait.value.decode(), line.value.decode()
+        if wait:
+            stuck.append(f"rank {rank} {wait}")
+        elif line:
+            stuck.append(f"rank {rank} was running {line}")
+            busy.append(str(rank))
+        else:
+            stuck.append(f"rank {rank} was still running")
+    hint = ex.hang_hint
+    if busy:
+        who = f"rank {busy[0]}" if len(busy) == 1 else f"ranks {', '.join(busy)}"
+        hint = (f"{who.capitalize()} waited for no message: your code itself did not return "
+                "(a loop whose condition never changes?).")
     stopped = f"did not finish within {timeout_of(ex):.0f} s (stopped): "
-    return stopped + "; ".join(stuck) + "." + hint
+    return stopped + "; ".join(stuck) + "." + (f" {hint}" if hint else "")
 
 
 def run_world(path: Path, chapter: int, exercises: list[Exercise], world: int, store, launch_no
@@ -197,15 +290,17 @@ def run_world(path: Path, chapter: int, exercises: list[Exercise], world: int, s
         to_parent = ctx.Queue()
         gos = [ctx.SimpleQueue() for _ in range(world)]
         waiting = [ctx.Array("c", 300, lock=False) for _ in range(world)]
-        procs = [ctx.Process(target=_rank_main, daemon=True,
+        where = [ctx.Array("c", 300, lock=False) for _ in range(world)]
+        ranks = [ctx.Process(target=_rank_main, daemon=True,
                              args=(r, world, store.port, f"g{launch_no[0]}/", str(path), chapter,
-                                   [ex.id for ex in todo], to_parent, gos[r], waiting[r]))
+                                   [ex.id for ex in todo], to_parent, gos[r], waiting[r],
+                                   where[r]))
                  for r in range(world)]
-        for p in procs:
-            p.start()
-            LAUNCHED_PIDS.append(p.pid)
         clean = True
         try:
+            for p in ranks:
+                p.start()
+                LAUNCHED_PIDS.append(p.pid)
             while todo and clean:
                 ex = todo.pop(0)
                 reports = {}
@@ -217,10 +312,10 @@ def run_world(path: Path, chapter: int, exercises: list[Exercise], world: int, s
                     try:
                         _ex_id, rank, status, msg, feedback = to_parent.get(timeout=min(left, 0.5))
                     except queue.Empty:
-                        if any(not p.is_alive() for p in procs) and to_parent.empty():
-                            dead = [r for r, p in enumerate(procs) if not p.is_alive()]
+                        if any(not p.is_alive() for p in ranks) and to_parent.empty():
+                            dead = [r for r, p in enumerate(ranks) if not p.is_alive()]
                             reports.setdefault(dead[0], ("fail", "the rank's process died "
-                                                         f"(exit code {procs[dead[0]].exitcode})",
+                                                         f"(exit code {ranks[dead[0]].exitcode})",
                                                          {}))
                             break
                         continue
@@ -233,21 +328,22 @@ def run_world(path: Path, chapter: int, exercises: list[Exercise], world: int, s
                     # failure, fresh ranks take over instead: the failed code may have left
                     # messages in flight that the next exercise's recv would pick up.
                     status, msg, feedback = _worst(reports, world)
-                    for go in gos:
+                    for go in gos if todo else ():  # after the last, the ranks wait to be ended
                         go.put("next")
                 elif reports:
                     status, msg, feedback = _worst(reports, world)
                     clean = False
                 else:
-                    status, msg, feedback = "hang", _hang_message(ex, waiting), {}
+                    status, msg, feedback = "hang", _hang_message(ex, waiting, where), {}
                     clean = False
                 verdicts[ex.id] = Verdict(ex, status, msg, world, feedback)
         finally:
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-            for p in procs:
-                p.join(timeout=10)
+            # Killed while still alive: what the learner's code started is still their
+            # descendant (the ranks are subreapers) and in their process group.
+            procs.kill_trees([p.pid for p in ranks if p.pid])
+            for p in ranks:
+                if p.pid:
+                    p.join(timeout=10)
             to_parent.close()
             to_parent.join_thread()
     return verdicts
@@ -260,6 +356,8 @@ def grade(path: Path, chapter: int) -> list[Verdict]:
     from .chapters import load_chapter
     exercises = load_chapter(chapter)
     path = Path(path).resolve()
+    check_path(path)
+    timeout_override()  # a bad GRADER_TIMEOUT_S is said before anything starts
     verdicts, problem = precheck(path, exercises)
     if problem:
         return [Verdict(ex, "broken", problem) for ex in exercises]

@@ -32,7 +32,9 @@ def ring_all_reduce(tensor: torch.Tensor, group=None) -> None:
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     if world == 1 or tensor.numel() == 0:
         return
-    flat = tensor.view(-1)  # chunks are views: adding into them changes `tensor`
+    # Chunks are views of `flat`: adding into them changes it.  A non-contiguous tensor
+    # (a transposed view, say) has no flat view, so the ring runs on a copy, written back.
+    flat = tensor.contiguous().view(-1)
     # tensor_split gives N chunks whose sizes differ by at most one (some may be empty):
     # no remainder to forget, whatever the size.
     chunks = list(flat.tensor_split(world))
@@ -52,6 +54,8 @@ def ring_all_reduce(tensor: torch.Tensor, group=None) -> None:
     for step in range(world - 1):  # all-gather: pass the finished chunks round, copied
         send, recv = (rank + 1 - step) % world, (rank - step) % world
         chunks[recv].copy_(exchange(send, recv))
+    if not tensor.is_contiguous():
+        tensor.copy_(flat.view_as(tensor))
 # --8<-- [end:ring]
 
 
