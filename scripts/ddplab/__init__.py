@@ -22,12 +22,15 @@
     hook_cost.py     chapter 03's α-β-γ model for a hook, and where compression pays
     netns.py         two emulated machines: network namespaces joined by a rate-limited veth
     costmodel.py     a DDP step's cost: α-β all-reduce (ring, tree, hierarchical) and overlap
+    fsdp.py          FullyShardedDP: FSDP (ZeRO-3) by hand, bitwise with fully_shard
+    fsdp_layout.py   where each shard and gradient element lives (padding, shard-major order)
 """
 
 from .bucketed_ddp import BucketedDDP
 from .cli import UsageError, chapter_parser, parse_chapter_args, positive
 from .devices import Placement, place
 from .entry import run_main
+from .fsdp import FullyShardedDP
 from .launch import RankFailed, Run, check_rank, launch
 from .naive_ddp import NaiveDDP
 from .ranks import RankContext, get, progress, seed_everything
@@ -36,6 +39,7 @@ from .ring import naive_all_reduce, ring_all_reduce
 
 __all__ = [
     "BucketedDDP",
+    "FullyShardedDP",
     "NaiveDDP",
     "Placement",
     "RankContext",
