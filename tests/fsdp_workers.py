@@ -161,7 +161,26 @@ def hook_cases() -> dict:
     out["finish_again_grads"] = diff([p.grad for p in ours.parameters()], grads)
     out["every_shard_has_grad"] = all(p.grad is not None for p in ours.parameters())
     out["full_numel"] = sum(p.numel() for p in model().parameters())
+    out.update(held_gradients(x, y))
     return out
+
+
+def held_gradients(x, y) -> dict:
+    """Gradient bytes a rank holds after a backward without sync, then after one with it."""
+    ours = FullyShardedDP(model())
+
+    def held() -> dict:
+        return {"full": sum(f.grad.nbytes for u in ours.units for f in u.full
+                            if f.grad is not None),
+                "shards": sum(p.grad.nbytes for p in ours.parameters() if p.grad is not None)}
+
+    with ours.no_sync():
+        nn.functional.cross_entropy(ours(x), y).backward()
+    unsynced = held()
+    nn.functional.cross_entropy(ours(x), y).backward()
+    return {"held_without_sync": unsynced, "held_after_sync": held(),
+            "shard_numel": sum(p.numel() for p in ours.parameters()),
+            "sync_restored": ours.requires_gradient_sync}
 
 
 def full_state_cases() -> dict:

@@ -175,6 +175,15 @@ def test_accumulating_unsharded_sends_one_reduce_scatter_per_step(bitwise):
     assert every["all_gather"] == once["all_gather"] == steps * micro * 2 * message_bytes(world)
 
 
+def test_accumulating_unsharded_holds_full_gradients_until_the_synced_backward(bitwise):
+    # Between micro-batches without sync a rank holds every full gradient (unpadded: autograd
+    # made them); the synced backward reduce-scatters them and keeps only this rank's shards.
+    _, results = bitwise
+    assert results["held_without_sync"] == {"full": 4 * results["full_numel"], "shards": 0}
+    assert results["held_after_sync"] == {"full": 0, "shards": 4 * results["shard_numel"]}
+    assert results["sync_restored"]
+
+
 def test_the_two_accumulations_round_differently(bitwise):
     # avg(g1) + avg(g2) + avg(g3) against avg(g1 + g2 + g3): other roundings, even at 2 ranks.
     # Each matches fully_shard in the same mode (above); they match each other to float32.

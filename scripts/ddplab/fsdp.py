@@ -193,8 +193,9 @@ class FullyShardedDP(nn.Module):
         return split_shards(row, shapes, self.rank, self.world)
 
     def finish_gradient_synchronization(self) -> None:
-        """Reduce what the hooks did not (an unused parameter, a unit whose last gradient came
-        after autograd's last hook), then reshard everything; a no-op when all was done."""
+        """Reduce what the hooks did not (a unit waits for every parameter's gradient: one that
+        got none this backward holds it back), then reshard everything.  Autograd's engine calls
+        it when backward ends; calling it again is a no-op."""
         for unit in self.units:
             if self.requires_gradient_sync:
                 self._reduce_unit(unit)
@@ -263,7 +264,7 @@ def clip_grad_norm_(shards: list[nn.Parameter], max_norm: float, group=None) -> 
     """
     grads = [p.grad for p in shards if p.grad is not None]
     norms = [torch.linalg.vector_norm(g) for g in grads]  # float32, as torch computes them
-    total = torch.linalg.vector_norm(torch.stack(norms)).pow(2) if norms else torch.zeros(())
+    total = torch.stack(norms).square().sum() if norms else torch.zeros(())  # squared
     dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
     total = total.sqrt()
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
