@@ -145,7 +145,7 @@ class FullyShardedDP(nn.Module):
 
     def _post_forward(self, unit: _Unit, output):
         unit.place(unit.shards)  # between uses, model.parameters() are the shards again
-        if self.reshard_after_forward:
+        if self.reshard_after_forward or not torch.is_grad_enabled():  # no backward will free it
             self._reshard(unit)
         if torch.is_grad_enabled():
             for tensor in tree_leaves(output):
