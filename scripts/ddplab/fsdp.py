@@ -9,7 +9,8 @@ as soon as they are all there.  What FSDP2 does at each point (torch 2.13,
 ``torch/distributed/fsdp/_fully_shard/``):
 
 * gather: one ``all_gather_single`` per unit of the padded shards (``foreach_all_gather``),
-  copied out into one full tensor per parameter (``FSDPParam.init_unsharded_param``);
+  copied out per parameter (``foreach_all_gather_copy_out``) and seen at its own size, padding
+  left out (``FSDPParam.init_unsharded_param``);
 * free after forward: the full tensors keep their identity (autograd saved them) but their
   storage is resized to 0 (``free_storage``), and re-allocated and re-filled in the pre-backward
   hook on the unit's outputs (``FSDPParamGroup.pre_backward``);
@@ -17,8 +18,9 @@ as soon as they are all there.  What FSDP2 does at each point (torch 2.13,
   ``reduce_scatter_single`` with AVG (``_get_gradient_divide_factors``: AVG for float32 when no
   divide factor is set), and rank r's row viewed back as its shards' ``.grad`` — added to a
   ``.grad`` already there (``foreach_reduce``, ``to_accumulate_grad``);
-* finish: a callback queued on autograd's engine reduces what no hook reduced and reshards
-  (``FSDPState._root_post_backward_final_callback``).
+* finish: a callback queued on autograd's engine in the first pre-backward hook (as
+  ``FSDPState._pre_backward`` does, ``_register_root_post_backward_final_callback``) reduces
+  what no hook reduced and reshards.
 
 The layout is what makes it bitwise: gloo's reduce-scatter all-reduces the whole message and
 keeps a chunk, and an all-reduce adds an element's N terms in an order set by the element's

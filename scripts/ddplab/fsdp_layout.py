@@ -76,8 +76,8 @@ def split_shards(row: torch.Tensor, shapes: list[torch.Size], rank: int,
 def unshard(gathered: torch.Tensor, shapes: list[torch.Size],
             world_size: int) -> list[torch.Tensor]:
     """Full tensors from an all-gather of every rank's padded shards (``(N * S,)``, shard-major):
-    each rank's chunk of a tensor in rank order, padding dropped (``FSDPParam.init_unsharded_param``
-    narrows the gathered rows the same way)."""
+    each rank's chunk of a tensor in rank order, padding dropped (``init_unsharded_param`` views
+    the gathered rows at the parameter's size, so the padding rows at the end are left out)."""
     per_rank = gathered.view(world_size, -1)
     full = []
     for index, shape in enumerate(shapes):
