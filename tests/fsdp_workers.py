@@ -36,6 +36,19 @@ def model() -> nn.Module:
                          nn.ReLU(), nn.Linear(5, 4))
 
 
+class WithRootParameter(nn.Module):
+    """Two layers and a parameter of the root's own: the root is a unit too."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.second = nn.Linear(7, 10), nn.Linear(10, 4)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 4))
+
+    def forward(self, x):
+        return self.second(torch.relu(self.first(x))) * self.scale
+
+
 def batches(rank: int, steps: int, size: int = 6, seed: int = 100):
     g = torch.Generator().manual_seed(seed + rank)
     return [(torch.randn(size, 7, generator=g), torch.randint(0, 4, (size,), generator=g))
@@ -119,18 +132,19 @@ def _padded(grads, world):
     return [g.new_empty((-(-g.shape[0] // world) * world, *g.shape[1:])) for g in grads]
 
 
-def pair(steps: int = 4, **ours_kwargs):
+def pair(steps: int = 4, make=model, **ours_kwargs):
     """Ours and native from the same model, trained on the same data."""
     rank = dist.get_rank()
     data = batches(rank, steps)
-    ours, theirs = FullyShardedDP(model(), **ours_kwargs), native(model())
+    ours, theirs = FullyShardedDP(make(), **ours_kwargs), native(make())
     ours_opt, theirs_opt = train(ours, data), train(theirs, data)
     return state_diff(ours, ours_opt, theirs, theirs_opt)
 
 
 def bitwise_cases(ctx, args) -> dict:
     out = {"default": pair(),
-           "keep_after_forward": pair(reshard_after_forward=False)}
+           "keep_after_forward": pair(reshard_after_forward=False),
+           "root_parameter": pair(make=WithRootParameter)}
     data = batches(dist.get_rank(), 4)
     flat, theirs = FlatLayoutFSDP(model()), native(model())
     flat_opt, theirs_opt = train(flat, data), train(theirs, data)

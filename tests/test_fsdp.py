@@ -92,8 +92,9 @@ def test_offsets_name_the_same_element_in_both_layouts():
 
 # --- FullyShardedDP against fully_shard ---------------------------------------------------------
 
-@pytest.mark.parametrize("case", ["default", "keep_after_forward", "accumulate_every_micro_batch",
-                                  "accumulate_once_per_step", "full_state"])
+@pytest.mark.parametrize("case", ["default", "keep_after_forward", "root_parameter",
+                                  "accumulate_every_micro_batch", "accumulate_once_per_step",
+                                  "full_state"])
 def test_bit_for_bit_equal_to_fully_shard(bitwise, case):
     # Parameters (each rank's shard) and AdamW's exp_avg, exp_avg_sq and step after 4 steps
     # (2 steps of 3 micro-batches for the accumulation cases), the largest |diff| over ranks.
