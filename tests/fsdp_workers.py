@@ -169,6 +169,10 @@ def hook_cases() -> dict:
         out[f"full_bytes_after_backward_keep_{keep}"] = sum(
             f.untyped_storage().nbytes() for u in ours.units for f in u.full)
     grads = [p.grad.clone() for p in ours.parameters()]
+    with torch.no_grad():  # an evaluation: nothing will come to free what it gathered
+        ours(x)
+    out["full_bytes_after_no_grad_forward_keep_True"] = sum(
+        f.untyped_storage().nbytes() for u in ours.units for f in u.full)
     sent = dict(ours.bytes)
     ours.finish_gradient_synchronization()
     out["finish_again_sends"] = {k: ours.bytes[k] - sent[k] for k in sent}

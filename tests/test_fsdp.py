@@ -148,6 +148,7 @@ def test_freed_after_forward_unless_asked_to_keep(bitwise):
     assert results["full_bytes_after_forward_keep_False"] == 0  # ZeRO-3: gathered again in bwd
     assert results["full_bytes_after_forward_keep_True"] == 4 * results["full_numel"]  # ZeRO-2
     assert results["full_bytes_after_backward_keep_True"] == 0  # resharded once backward ends
+    assert results["full_bytes_after_no_grad_forward_keep_True"] == 0  # no backward to wait for
     assert results["parameters_between_keep_False"] == results["parameters_are_shards"]
 
 
