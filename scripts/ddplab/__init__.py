@@ -28,12 +28,15 @@
     sharded_optimizer.py  ShardedOptimizer: ZeRO-1, each rank steps and keeps its own state
     zero2.py         ShardedGradients: ZeRO-2, gradients reduce-scattered into per-rank shards
     memory_ledger.py what a rank holds under DDP and ZeRO-1/2/3: predicted, measured to the byte
+    fsdp.py          FullyShardedDP: FSDP (ZeRO-3) by hand, bitwise with fully_shard
+    fsdp_layout.py   where each shard and gradient element lives (padding, shard-major order)
 """
 
 from .bucketed_ddp import BucketedDDP
 from .cli import UsageError, chapter_parser, parse_chapter_args, positive
 from .devices import Placement, place
 from .entry import run_main
+from .fsdp import FullyShardedDP
 from .launch import RankFailed, Run, check_rank, launch
 from .naive_ddp import NaiveDDP
 from .ranks import RankContext, get, progress, seed_everything
@@ -43,6 +46,7 @@ from .sharded_optimizer import ShardedOptimizer
 
 __all__ = [
     "BucketedDDP",
+    "FullyShardedDP",
     "NaiveDDP",
     "Placement",
     "RankContext",
