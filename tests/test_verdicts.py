@@ -113,18 +113,43 @@ def test_the_four_rank_change_takes_its_sign_from_the_run(render_page):
         assert verb in render_page(PAGE_05, "05", r)
 
 
-def test_what_the_named_causes_explain_follows_the_run(render_page):
-    base = dp_results(naive_sync_ms=40.0, whole_gradient_allreduce_ms=6.0, small_allreduce_ms=0.1,
-                      small_allreduce_mean_ms=0.1)
-    more = dp_results(naive_sync_ms=40.0, whole_gradient_allreduce_ms=6.0, small_allreduce_ms=1.0,
-                      small_allreduce_mean_ms=1.0)
-    calls = base["why_naive_is_slower"]["allreduce_calls"]["naive"]
-    assert base["verdicts"]["naive_sync"]["explained_ms"] == pytest.approx(6.0 + (calls - 1) * 0.1)
-    assert more["verdicts"]["naive_sync"]["unexplained_ms"] == pytest.approx(
-        40.0 - 6.0 - (calls - 1) * 1.0)
-    start = "Together the named causes explain"
-    assert sentence(render_page(PAGE_05, "05", base), start) != sentence(
-        render_page(PAGE_05, "05", more), start)
+def test_what_the_named_causes_explain_of_the_gap_to_native_follows_the_run(render_page):
+    base = dp_results(small_allreduce_ms=0.1, small_allreduce_mean_ms=0.1)
+    more = dp_results(small_allreduce_ms=1.0, small_allreduce_mean_ms=1.0)
+    why, t = base["why_naive_is_slower"], base["step_time_ms"]
+    extra = why["allreduce_calls"]["naive"] - why["allreduce_calls"]["native"]
+    gap = base["verdicts"]["gap_to_native"]
+    assert gap["gap_ms"] == pytest.approx(t["naive"] - t["native"])
+    assert gap["messages_ms"] == pytest.approx(extra * 0.1)
+    assert more["verdicts"]["gap_to_native"]["messages_ms"] == pytest.approx(extra * 1.0)
+    text = base["verdicts"]["gap_to_native"]["text"]
+    assert f"for its {extra} extra messages" in text
+    assert text in render_page(PAGE_05, "05", base)
+    assert text not in render_page(PAGE_05, "05", more)
+
+
+def test_a_naive_step_no_longer_than_native_leaves_no_gap_to_explain(render_page):
+    r = dp_results()
+    r["step_time_ms"]["naive"] = r["step_time_ms"]["native"] - 1.0
+    r["verdicts"] = data_parallel_report.verdicts(r)
+    assert r["verdicts"]["gap_to_native"]["explained_share"] is None
+    assert "so there is no gap to explain" in render_page(PAGE_05, "05", r)
+
+
+def test_scaling_without_communication_is_read_against_the_cores(render_page):
+    r = dp_results()
+    points = {p["world_size"]: p for p in r["scaling"]["points"]}
+    one = points[1]["samples_per_s"]["local"]
+    r["provenance"]["cpu_count"] = 2
+    for two_ranks, expected in ((one * 2, "within 10 % of it"),
+                                (one, "50% at 2 ranks")):
+        points[2]["samples_per_s"]["local"] = two_ranks
+        points[4]["samples_per_s"]["local"] = one * 2
+        r["verdicts"] = data_parallel_report.verdicts(r)
+        row = r["verdicts"]["scaling_without_communication"]["rows"][0]
+        assert row["local_speedup"] == pytest.approx(two_ranks / one)
+        assert row["cores_allow"] == 2
+        assert expected in render_page(PAGE_05, "05", r)
 
 
 def test_overlap_verdict_says_saved_or_not_from_the_run(render_page):
