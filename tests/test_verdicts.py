@@ -68,21 +68,78 @@ def test_which_sizes_the_ring_trails_gloo_at_follows_the_run(render_page):
     assert "4 MiB" in trails and "8 MiB" not in trails
 
 
-def test_where_naive_is_fastest_and_keeps_pace_follows_the_run(render_page):
+def test_where_naive_is_fastest_faster_and_slower_follows_the_run(render_page):
     sizes = committed("03")["sizes_bytes"]
     even = {(name, s): 1.0 for s in sizes for name in ("ring", "native")}
     fast = ring_results(even | {("naive", s): 0.5 for s in sizes})
     slow_late = ring_results(even | {("naive", s): 0.5 if s < 2 * MiB else 5.0 for s in sizes})
     v = fast["verdicts"]["naive"]
-    assert v["fastest_at"] == sizes and v["first_behind"] is None
+    assert v["fastest_at"] == sizes and v["slower_at"] == []
     v = slow_late["verdicts"]["naive"]
-    assert v["keeps_pace_up_to"] == MiB and v["first_behind"] == 2 * MiB
+    assert v["faster_at"] == [s for s in sizes if s < 2 * MiB]
+    assert v["slower_at"] == [s for s in sizes if s >= 2 * MiB]
     first = render_page(PAGE_03, "03", fast)
     second = render_page(PAGE_03, "03", slow_late)
-    assert "kept within 10 % of the ring's time up to 1 MiB, and was more than 10 % behind" \
-        in second
+    assert f"faster than the ring at 4 KiB to {label_bytes(sizes[-1])} (0.50× its time)" in first
+    assert "slower" not in fast["verdicts"]["naive"]["pace_text"]
+    assert (f"slower than the ring at 2 MiB to {label_bytes(sizes[-1])} (5.00× its time)"
+            in second)
     assert f"fastest of the three at 4 KiB to {label_bytes(sizes[-1])}" in first
-    assert "the largest size measured" in first and "the largest size measured" not in second
+
+
+def test_the_ring_alpha_gap_to_naive_and_what_the_relay_explains_follow_the_run(render_page):
+    m = ring_results()
+    m["alpha_beta"]["naive"]["alpha_us"] = m["alpha_beta"]["ring"]["alpha_us"] - 100.0
+    m["per_call"]["once_per_call_ms"] = 0.1
+    m["verdicts"] = ring_verdicts(m, label_bytes)
+    gap = m["verdicts"]["alpha_gap_to_naive"]
+    messages = m["per_call"]["messages"]
+    assert gap["gap_ms"] == pytest.approx(messages * 0.1)
+    assert gap["explained_share"] == pytest.approx(0.1 / (messages * 0.1))
+    assert gap["text"] in render_page(PAGE_03, "03", m)
+    m["alpha_beta"]["naive"]["alpha_us"] = m["alpha_beta"]["ring"]["alpha_us"] + 1.0
+    m["verdicts"] = ring_verdicts(m, label_bytes)
+    assert "so there is no gap to explain" in render_page(PAGE_03, "03", m)
+
+
+def test_the_bandwidth_gap_and_the_per_message_share_follow_the_run(render_page):
+    m = ring_results()
+    m["alpha_beta"]["ring"]["beta_gbps"] = 1.0
+    m["alpha_beta"]["native"]["beta_gbps"] = 2.0
+    m["verdicts"] = ring_verdicts(m, label_bytes)
+    v = m["verdicts"]["bandwidth_gap"]
+    largest, world = m["largest"]["size_bytes"], m["provenance"]["world_size"]
+    gap_ms = 2 * (world - 1) / world * largest * 1e-6 * (1 / 1.0 - 1 / 2.0)
+    assert v["ratio"] == pytest.approx(2.0) and v["gap_ms_largest"] == pytest.approx(gap_ms)
+    assert v["explained_share"] == pytest.approx(v["per_message_ms"] / gap_ms)
+    page = render_page(PAGE_03, "03", m)
+    assert "gloo's fitted 1/β is 2.00× the ring's" in page
+    m["alpha_beta"]["native"]["beta_gbps"] = 1.5
+    m["verdicts"] = ring_verdicts(m, label_bytes)
+    assert "gloo's fitted 1/β is 1.50× the ring's" in render_page(PAGE_03, "03", m)
+
+
+def test_the_best_segment_is_judged_against_the_run_s_own_noise(render_page):
+    m = ring_results()
+    rows = m["segments"]["rows"]
+    by_label = {r["segment_label"]: r for r in rows}
+    default = by_label[m["segments"]["default_segment"]]
+    m["time_ms"]["ring"][str(m["segments"]["size_bytes"])] = default["time_ms"]  # no noise
+    m["verdicts"] = ring_verdicts(m, label_bytes)
+    assert m["verdicts"]["best_segment"]["noise"] == 0
+    assert "are larger than that noise" in render_page(PAGE_03, "03", m)
+    m["time_ms"]["ring"][str(m["segments"]["size_bytes"])] = default["time_ms"] * 10  # noisy
+    m["verdicts"] = ring_verdicts(m, label_bytes)
+    assert "within that noise, so this run does not tell" in render_page(PAGE_03, "03", m)
+
+
+def test_what_the_size_check_costs_follows_the_run(render_page):
+    m = ring_results()
+    assert "did not time the check's own all-reduce alone" in render_page(PAGE_03, "03", m)
+    m["size_check_all_reduce_us"] = m["size_check_us"] / 4
+    m["verdicts"] = ring_verdicts(m, label_bytes)
+    assert "the Python around it" in m["verdicts"]["size_check"]
+    assert "(75%)" in render_page(PAGE_03, "03", m)
 
 
 def test_alpha_sentence_follows_which_alpha_is_smaller(render_page):
@@ -140,7 +197,7 @@ def test_scaling_without_communication_is_read_against_the_cores(render_page):
     r = dp_results()
     points = {p["world_size"]: p for p in r["scaling"]["points"]}
     one = points[1]["samples_per_s"]["local"]
-    r["provenance"]["cpu_count"] = 2
+    r["scaling"]["cpu_count"], r["scaling"]["threads_per_rank"] = 2, 1
     for two_ranks, expected in ((one * 2, "within 10 % of it"),
                                 (one, "50% at 2 ranks")):
         points[2]["samples_per_s"]["local"] = two_ranks
@@ -148,8 +205,11 @@ def test_scaling_without_communication_is_read_against_the_cores(render_page):
         r["verdicts"] = data_parallel_report.verdicts(r)
         row = r["verdicts"]["scaling_without_communication"]["rows"][0]
         assert row["local_speedup"] == pytest.approx(two_ranks / one)
-        assert row["cores_allow"] == 2
+        assert row["allowed"] == 2
         assert expected in render_page(PAGE_05, "05", r)
+    r["scaling"]["threads_per_rank"] = None  # one GPU a rank: perfect scaling is the bound
+    r["verdicts"] = data_parallel_report.verdicts(r)
+    assert "one GPU a rank allows 2× and 4×" in render_page(PAGE_05, "05", r)
 
 
 def test_overlap_verdict_says_saved_or_not_from_the_run(render_page):

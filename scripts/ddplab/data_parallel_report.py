@@ -149,34 +149,37 @@ def scaling_change(scaling: dict, before: int, after: int, kind: str = "native")
             "text": f"{after} ranks {verb} {abs(change):.0%} against {before}"}
 
 
-def scaling_without_communication(scaling: dict, cores: int) -> dict:
+def scaling_without_communication(scaling: dict) -> dict:
     """Each world size's throughput without communication against one rank's and against what
-    the cores allow (one thread a rank: at most min(ranks, cores) times one rank), and what
-    native DDP's communication then cost.  Why the local runs fall short of the cores, the run
-    does not measure."""
+    the processors allow (on a CPU, one thread a rank: at most min(ranks, cores) times one
+    rank; one GPU a rank: ranks times), and what native DDP's communication then cost.  Why
+    the local runs fall short, the run does not measure."""
     points = {p["world_size"]: p["samples_per_s"] for p in scaling.get("points", [])}
     if 1 not in points or len(points) < 2:
         return {"text": "this run has no scaling sweep to read (it was skipped)"}
+    cores = scaling["cpu_count"] if scaling.get("threads_per_rank") == 1 else None
     rows = []
     for ranks in sorted(k for k in points if k > 1):
         speedup = points[ranks]["local"] / points[1]["local"]
-        allowed = min(ranks, cores)
-        rows.append({"world_size": ranks, "local_speedup": speedup, "cores_allow": allowed,
-                     "short_of_cores": 1 - speedup / allowed,
+        allowed = min(ranks, cores) if cores else ranks
+        rows.append({"world_size": ranks, "local_speedup": speedup, "allowed": allowed,
+                     "short_of_allowed": 1 - speedup / allowed,
                      "communication_cost": 1 - points[ranks]["native"] / points[ranks]["local"]})
     local = join_words([f"{row['world_size']} ranks" for row in rows])
     local += " reached " + join_words([f"{row['local_speedup']:.2f}×" for row in rows])
-    allowed = join_words(sorted({f"{row['cores_allow']}×" for row in rows}))
-    short = [row for row in rows if row["short_of_cores"] > 0.1]
-    shortfalls = [f"{row['short_of_cores']:.0%} at {row['world_size']} ranks" for row in short]
+    allowed = join_words(sorted({f"{row['allowed']}×" for row in rows}))
+    limit = (f"{cores} cores allow at most {allowed}" if cores else
+             f"one GPU a rank allows {allowed}")
+    short = [row for row in rows if row["short_of_allowed"] > 0.1]
+    shortfalls = [f"{row['short_of_allowed']:.0%} at {row['world_size']} ranks" for row in short]
     unexplained = (f": {join_words(shortfalls)} short of it, which this run does not explain "
                    f"(it measures neither other load on the machine nor memory bandwidth)"
                    if short else ": within 10 % of it")
     cost = join_words([f"{row['communication_cost']:.0%} at {row['world_size']} ranks"
                        for row in rows])
     return {"rows": rows,
-            "text": (f"without communication (one thread a rank), {local} the throughput "
-                     f"of one rank, where {cores} cores allow at most {allowed}{unexplained}. "
+            "text": (f"without communication ({'one thread' if cores else 'one GPU'} a rank), "
+                     f"{local} the throughput of one rank, where {limit}{unexplained}. "
                      f"Native DDP's communication then cost {cost} of the throughput "
                      f"without it")}
 
@@ -193,5 +196,4 @@ def verdicts(r: dict) -> dict:
     return {"gap_to_native": gap_to_native(r, overlap), "overlap": overlap,
             "scaling_1_to_2": scaling_change(r["scaling"], 1, 2),
             "scaling_2_to_4": scaling_change(r["scaling"], 2, 4),
-            "scaling_without_communication": scaling_without_communication(
-                r["scaling"], r["provenance"]["cpu_count"])}
+            "scaling_without_communication": scaling_without_communication(r["scaling"])}
