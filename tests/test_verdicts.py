@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import mkdocs_hooks
 import pytest
+from collective_workers import chapter02
 from conftest import REPO
 
 from ddplab import data_parallel_report
@@ -19,6 +20,7 @@ from figures.chapter03 import label_bytes
 MiB = 2**20
 PAGE_03 = (REPO / "docs" / "chapters" / "03-ring-allreduce.md").read_text()
 PAGE_05 = (REPO / "docs" / "chapters" / "05-data-parallel.md").read_text()
+PAGE_02 = (REPO / "docs" / "chapters" / "02-collectives.md").read_text()
 
 
 def committed(chapter: str) -> dict:
@@ -228,3 +230,17 @@ def test_the_naive_link_sentence_follows_the_fitted_bandwidths(render_page):
         m["alpha_beta"]["naive"]["beta_gbps"] = naive_gbps
         m["verdicts"] = ring_verdicts(m, label_bytes)
         assert expected in render_page(PAGE_03, "03", m)
+
+
+def test_what_gloo_s_copies_explain_of_the_flat_reduce_scatter_follows_the_run(render_page):
+    ch02 = chapter02()
+    r = copy.deepcopy(committed("02"))
+    times = {"reduce_scatter_flat": 12.0, "all_reduce": 8.0, ch02.FLAT_COPIES: 1.0}
+    r["verdicts"] = {"reduce_scatter_flat": ch02.flat_reduce_scatter_verdict(times, "gloo")}
+    page = render_page(PAGE_02, "02", r)
+    assert "1.50× as long as the all-reduce of the same tensor, 4.00 ms more" in page
+    assert "take 1.00 ms, 25% of that; the other 3.00 ms this run does not attribute" in page
+    times[ch02.FLAT_COPIES] = 5.0
+    r["verdicts"] = {"reduce_scatter_flat": ch02.flat_reduce_scatter_verdict(times, "gloo")}
+    page = render_page(PAGE_02, "02", r)
+    assert "take 5.00 ms, 100% of that" in page and "does not attribute" not in page
