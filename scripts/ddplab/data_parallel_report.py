@@ -175,13 +175,13 @@ def scaling_without_communication(scaling: dict) -> dict:
     unexplained = (f": {join_words(shortfalls)} short of it, which this run does not explain "
                    f"(it measures neither other load on the machine nor memory bandwidth)"
                    if short else ": within 10 % of it")
-    cost = join_words([f"{row['communication_cost']:.0%} at {row['world_size']} ranks"
-                       for row in rows])
+    with_ddp = join_words([f"{1 - row['communication_cost']:.2f}× ({row['world_size']} ranks)"
+                           for row in rows])
     return {"rows": rows,
             "text": (f"without communication ({'one thread' if cores else 'one GPU'} a rank), "
                      f"{local} the throughput of one rank, where {limit}{unexplained}. "
-                     f"Native DDP's communication then cost {cost} of the throughput "
-                     f"without it")}
+                     f"With native DDP's communication, the throughput was {with_ddp} "
+                     f"of that without it")}
 
 
 def join_words(words: list[str]) -> str:
