@@ -210,13 +210,17 @@ def segment_sweep(ctx: ddplab.RankContext, size: int, segments: list[int | None]
     return [round_times(samples)[str(seg)]["time_ms"] for seg in segments]
 
 
-def size_check_cost(ctx: ddplab.RankContext) -> float:
-    """What the size agreement of ring_all_reduce(check=True) costs on its own (ms)."""
+def size_check_cost(ctx: ddplab.RankContext) -> dict[str, float]:
+    """What the size agreement of ring_all_reduce(check=True) costs on its own (ms), and its
+    all-reduce of four integers alone, in the same rounds: the rest is the Python around it."""
     from ddplab.ring import check_same_tensor
 
     x = torch.zeros(1, device=ctx.device)
-    return typical_ms(timing.time_steps(lambda: check_same_tensor(x), steps=30,
-                                        device=ctx.device))
+    four = torch.zeros(4, dtype=torch.int64, device=ctx.device)
+    steps = {"check": lambda: check_same_tensor(x),
+             "all_reduce": lambda: dist.all_reduce(four, op=dist.ReduceOp.MAX)}
+    times = round_times(timing.compare(steps, rounds=30, device=ctx.device))
+    return {name: times[name]["time_ms"] for name in steps}
 
 
 def add_cost(ctx: ddplab.RankContext) -> float:
@@ -236,7 +240,7 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
     stats = benchmark(ctx, sizes, IMPLS)
     result |= {"times_ms": stats["time_ms"], "median_ms": stats["median_ms"],
                "stalled": stats["stalled"], "stall_ms": stats["stall_ms"],
-               "size_check_ms": size_check_cost(ctx), "gamma_s_per_byte": add_cost(ctx)}
+               "size_check": size_check_cost(ctx), "gamma_s_per_byte": add_cost(ctx)}
     segments = QUICK_SEGMENTS if ctx.quick else SEGMENTS
     result["segments"] = {"size": sizes[-1], "segment_bytes": segments,
                           "times_ms": segment_sweep(ctx, sizes[-1], segments)}
@@ -329,7 +333,8 @@ def analyse(result: dict, world: int) -> dict:
                      "ratio_ring_to_native_time": times["ring"][0] / times["native"][0],
                      "ratio_ring_to_native_median": medians["ring"][0] / medians["native"][0]},
         "stalls": stall_summary(sizes, result),
-        "size_check_us": result["size_check_ms"] * 1e3,
+        "size_check_us": result["size_check"]["check"] * 1e3,
+        "size_check_all_reduce_us": result["size_check"]["all_reduce"] * 1e3,
         "size_check_share_of_alpha": 1 / (2 * (world - 1)) if world > 1 else None,
         "gamma_gbps": 1e-9 / result["gamma_s_per_byte"],
         "correctness": correctness_summary(result["correctness"], world),

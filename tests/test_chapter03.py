@@ -110,7 +110,7 @@ def fake_result(world: int) -> dict:
     stalled = {name: [0.0] * len(sizes) for name in chapter.IMPLS}
     return {"sizes": sizes, "times_ms": times, "median_ms": times, "stalled": stalled,
             "stall_ms": stalled,
-            "correctness": [row], "size_check_ms": 0.1,
+            "correctness": [row], "size_check": {"check": 0.1, "all_reduce": 0.08},
             "gamma_s_per_byte": 1e-10, "segments": segments, "trace": []}
 
 

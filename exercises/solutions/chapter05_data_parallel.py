@@ -31,15 +31,19 @@ class DDP(nn.Module):
                 p.register_post_accumulate_grad_hook(self._ready_hook(bucket))
 
     def _buckets(self, cap_bytes: float) -> list[list[nn.Parameter]]:
-        """Reverse order: the last layer's gradients are ready first in backward."""
-        buckets, size = [[]], 0
+        """Reverse order: the last layer's gradients are ready first in backward.  Native DDP's
+        rule: add the parameter, then close the bucket once it holds the cap or more (a
+        parameter is never split, so a bucket can end over the cap)."""
+        buckets, bucket, size = [], [], 0
         for p in reversed([p for p in self.module.parameters() if p.requires_grad]):
-            if buckets[-1] and size + p.numel() * p.element_size() > cap_bytes:
-                buckets.append([])
-                size = 0
-            buckets[-1].append(p)
+            bucket.append(p)
             size += p.numel() * p.element_size()
-        return [b for b in buckets if b]
+            if size >= cap_bytes:
+                buckets.append(bucket)
+                bucket, size = [], 0
+        if bucket:  # the last one, under the cap
+            buckets.append(bucket)
+        return buckets
 
     def _ready_hook(self, bucket):
         def hook(param):  # runs once param.grad holds this backward's gradient

@@ -78,23 +78,47 @@ def summarize(r: dict, prov: dict, labels: dict, variants: tuple, memory_variant
 
 # --- verdicts: the page's comparisons, computed from the run --------------------------------------
 
-def naive_sync_accounting(r: dict) -> dict:
-    """How much of NaiveDDP's measured sync time the two named causes explain, and what is left.
+def gap_to_native(r: dict, overlap: dict) -> dict:
+    """How much of NaiveDDP's extra step time over native DDP the two named causes explain.
 
-    Bytes: one all-reduce of the whole gradient (its own fixed cost included).  Messages: the
-    fixed cost of each of the other calls, a lone tiny all-reduce each (by its median; by its
-    mean, the stalls that lone calls met are counted too).  What is left is not measured
-    separately: the wait for the other rank's backward, and the sharing of the cores."""
-    why = r["why_naive_is_slower"]
-    extra_calls = why["allreduce_calls"]["naive"] - 1
-    sync, bytes_ms = why["naive_sync_ms"], why["whole_gradient_allreduce_ms"]
-    messages_ms = extra_calls * why["small_allreduce_ms"]
-    stalls_ms = extra_calls * (why["small_allreduce_mean_ms"] - why["small_allreduce_ms"])
-    explained = bytes_ms + messages_ms
-    return {"sync_ms": sync, "bytes_ms": bytes_ms, "messages_ms": messages_ms,
-            "explained_ms": explained, "explained_share": explained / sync,
-            "stalls_ms": stalls_ms, "unexplained_ms": sync - explained - stalls_ms,
-            "unexplained_share": (sync - explained - stalls_ms) / sync}
+    The bytes are no cause: both send the whole gradient.  Messages: the fixed cost of each
+    all-reduce NaiveDDP makes beyond native's, a lone tiny all-reduce each (by its median).
+    No overlap: what overlap saved native DDP (``overlap_worth``; nothing when it saved
+    nothing).  Stalls, apart: the same extra calls by the lone all-reduce's mean instead of its
+    median, the stalls that lone calls met.  What is left this run does not attribute."""
+    why, t = r["why_naive_is_slower"], r["step_time_ms"]
+    extra_calls = why["allreduce_calls"]["naive"] - why["allreduce_calls"]["native"]
+    gap = t["naive"] - t["native"]
+    messages = extra_calls * why["small_allreduce_ms"]
+    overlap_saved = max(overlap["serial_step_ms"] - overlap["native_step_ms"], 0.0)
+    explained = messages + overlap_saved
+    stalls = extra_calls * (why["small_allreduce_mean_ms"] - why["small_allreduce_ms"])
+    left = gap - explained - stalls
+    parts = {"gap": gap, "explained": explained, "messages": messages,
+             "overlap": overlap_saved, "stalls": stalls, "left": left}
+    return {"gap_ms": gap, "extra_calls": extra_calls, "messages_ms": messages,
+            "overlap_saved_ms": overlap_saved, "explained_ms": explained,
+            "explained_share": explained / gap if gap > 0 else None, "stalls_ms": stalls,
+            "unexplained_ms": left, "unexplained_share": left / gap if gap > 0 else None,
+            "text": gap_text(parts, extra_calls)}
+
+
+def gap_text(ms: dict, extra_calls: int) -> str:
+    """The gap's accounting as a clause; a gap that is not positive has nothing to explain."""
+    gap = ms["gap"]
+    if gap <= 0:
+        return (f"in this run NaiveDDP's step was not longer than native DDP's "
+                f"({gap:+.1f} ms), so there is no gap to explain")
+    text = (f"of the {gap:.1f} ms by which NaiveDDP's step was longer, the two named causes "
+            f"explain {ms['explained']:.1f} ms ({ms['explained'] / gap:.0%}): "
+            f"{ms['messages']:.1f} ms for its {extra_calls} extra messages and "
+            f"{ms['overlap']:.1f} ms that overlap saved native DDP. The stalls that lone "
+            f"all-reduces met on this machine (their mean instead of their median) would add "
+            f"{ms['stalls']:.1f} ms")
+    if ms["left"] > 0:
+        return text + f"; the other {ms['left']:.1f} ms ({ms['left'] / gap:.0%}) this run " \
+                      f"does not attribute"
+    return text + ", more than the rest of the gap"
 
 
 def overlap_worth(r: dict) -> dict:
@@ -125,9 +149,51 @@ def scaling_change(scaling: dict, before: int, after: int, kind: str = "native")
             "text": f"{after} ranks {verb} {abs(change):.0%} against {before}"}
 
 
+def scaling_without_communication(scaling: dict) -> dict:
+    """Each world size's throughput without communication against one rank's and against what
+    the processors allow (on a CPU, one thread a rank: at most min(ranks, cores) times one
+    rank; one GPU a rank: ranks times), and what native DDP's communication then cost.  Why
+    the local runs fall short, the run does not measure."""
+    points = {p["world_size"]: p["samples_per_s"] for p in scaling.get("points", [])}
+    if 1 not in points or len(points) < 2:
+        return {"text": "this run has no scaling sweep to read (it was skipped)"}
+    cores = scaling["cpu_count"] if scaling.get("threads_per_rank") == 1 else None
+    rows = []
+    for ranks in sorted(k for k in points if k > 1):
+        speedup = points[ranks]["local"] / points[1]["local"]
+        allowed = min(ranks, cores) if cores else ranks
+        rows.append({"world_size": ranks, "local_speedup": speedup, "allowed": allowed,
+                     "short_of_allowed": 1 - speedup / allowed,
+                     "communication_cost": 1 - points[ranks]["native"] / points[ranks]["local"]})
+    local = join_words([f"{row['world_size']} ranks" for row in rows])
+    local += " reached " + join_words([f"{row['local_speedup']:.2f}×" for row in rows])
+    allowed = join_words(sorted({f"{row['allowed']}×" for row in rows}))
+    limit = (f"{cores} cores allow at most {allowed}" if cores else
+             f"one GPU a rank allows {allowed}")
+    short = [row for row in rows if row["short_of_allowed"] > 0.1]
+    shortfalls = [f"{row['short_of_allowed']:.0%} at {row['world_size']} ranks" for row in short]
+    unexplained = (f": {join_words(shortfalls)} short of it, which this run does not explain "
+                   f"(it measures neither other load on the machine nor memory bandwidth)"
+                   if short else ": within 10 % of it")
+    with_ddp = join_words([f"{1 - row['communication_cost']:.2f}× ({row['world_size']} ranks)"
+                           for row in rows])
+    return {"rows": rows,
+            "text": (f"without communication ({'one thread' if cores else 'one GPU'} a rank), "
+                     f"{local} the throughput of one rank, where {limit}{unexplained}. "
+                     f"With native DDP's communication, the throughput was {with_ddp} "
+                     f"of that without it")}
+
+
+def join_words(words: list[str]) -> str:
+    """["a"] -> "a"; ["a", "b", "c"] -> "a, b and c"."""
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + f" and {words[-1]}"
+
+
 def verdicts(r: dict) -> dict:
     """Every comparison page 05 draws from this run, computed, so a run that measures
     otherwise changes the sentence with it."""
-    return {"naive_sync": naive_sync_accounting(r), "overlap": overlap_worth(r),
+    overlap = overlap_worth(r)
+    return {"gap_to_native": gap_to_native(r, overlap), "overlap": overlap,
             "scaling_1_to_2": scaling_change(r["scaling"], 1, 2),
-            "scaling_2_to_4": scaling_change(r["scaling"], 2, 4)}
+            "scaling_2_to_4": scaling_change(r["scaling"], 2, 4),
+            "scaling_without_communication": scaling_without_communication(r["scaling"])}

@@ -115,7 +115,6 @@ def summarize(metrics: dict, label_bytes: Callable[[int], str],
 MiB = 1 << 20
 BUCKET_SIZES = (1 * MiB, 25 * MiB)  # where DDP's buckets live (1 MiB first bucket, 25 MiB cap)
 TRAILS_BELOW = 0.9  # a busbw ratio below this: the ring more than 10 % behind gloo
-KEEPS_PACE = 1.1  # naive keeps pace while its time is within 10 % of the ring's
 NAMES = {"ring": "the ring", "native": "gloo", "naive": "the naive one"}
 
 
@@ -160,29 +159,27 @@ def ring_against_gloo(m: dict, label: Callable[[int], str]) -> str:
 
 
 def naive_against_the_others(m: dict, label: Callable[[int], str]) -> dict:
-    """Where the naive all-reduce was the fastest, and how far it kept pace with the ring."""
+    """Where the naive all-reduce was the fastest of the three, and where it was faster or
+    slower than the ring (with how much: its time over the ring's, the range at those sizes)."""
     sizes, t = m["sizes_bytes"], m["time_ms"]
     fastest = [s for s in sizes
                if t["naive"][str(s)] < min(t["ring"][str(s)], t["native"][str(s)])]
-    behind = [s for s in sizes if t["naive"][str(s)] > KEEPS_PACE * t["ring"][str(s)]]
-    first_behind = behind[0] if behind else None
-    pace_up_to = (sizes[-1] if first_behind is None
-                  else sizes[sizes.index(first_behind) - 1] if first_behind != sizes[0] else None)
+    ratio = {s: t["naive"][str(s)] / t["ring"][str(s)] for s in sizes}
+    faster = [s for s in sizes if ratio[s] < 1]
+    slower = [s for s in sizes if s not in faster]
     fastest_text = (f"was the fastest of the three at {runs_text(fastest, sizes, label)}"
                     if fastest else "was the fastest of the three at no size")
-    if pace_up_to is None:
-        pace = "was more than 10 % behind the ring at every size"
-    else:
-        pace = f"kept within 10 % of the ring's time up to {label(pace_up_to)}"
-    if first_behind is not None and pace_up_to is not None:
-        k = str(first_behind)
-        pace += (f", and was more than 10 % behind it at {runs_text(behind, sizes, label)} "
-                 f"(at {label(first_behind)}: {t['naive'][k]:.1f} ms against "
-                 f"{t['ring'][k]:.1f} ms)")
-    elif first_behind is None:
-        pace += ", the largest size measured"
-    return {"fastest_at": fastest, "fastest_text": fastest_text,
-            "keeps_pace_up_to": pace_up_to, "first_behind": first_behind, "pace_text": pace}
+
+    def side(word: str, chosen: list[int]) -> str:
+        low, high = min(ratio[s] for s in chosen), max(ratio[s] for s in chosen)
+        span = f"{low:.2f}×" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}× to {high:.2f}×"
+        return f"{word} than the ring at {runs_text(chosen, sizes, label)} ({span} its time)"
+
+    sides = [side(word, chosen) for word, chosen in (("faster", faster), ("slower", slower))
+             if chosen]
+    pace = "was " + " and ".join(sides)
+    return {"fastest_at": fastest, "fastest_text": fastest_text, "faster_at": faster,
+            "slower_at": slower, "pace_text": pace}
 
 
 def alpha_comparison(m: dict) -> dict:
@@ -208,6 +205,124 @@ def stall_order(m: dict) -> str:
     return join_words([f"{NAMES[n]} in {stalls[n]['share']:.0%} of its rounds" for n in order])
 
 
+def alpha_gap_to_naive(m: dict) -> dict:
+    """The ring's fixed cost per call above the naive all-reduce's, from the fitted α
+    (2(N-1) messages each), and how much of it the relay's once-per-call cost explains.  The
+    fit is of 10th percentiles, so stalled rounds are not in it."""
+    messages = m["per_call"]["messages"]
+    alpha = {name: m["alpha_beta"][name]["alpha_us"] for name in ("ring", "naive")}
+    gap_ms = messages * (alpha["ring"] - alpha["naive"]) * 1e-3
+    once = m["per_call"]["once_per_call_ms"]
+    if gap_ms <= 0 or once is None:
+        return {"gap_ms": gap_ms, "explained_share": None,
+                "text": (f"the ring's fitted fixed cost per call is not above the naive one's in "
+                         f"this run ({gap_ms:+.3f} ms), so there is no gap to explain")}
+    share = min(once, gap_ms) / gap_ms
+    left = gap_ms - min(once, gap_ms)
+    return {"gap_ms": gap_ms, "once_per_call_ms": once, "explained_share": share,
+            "text": (f"per call, the ring's fitted fixed cost is {gap_ms:.3f} ms above the "
+                     f"naive one's ({messages} × the difference of their α); the relay's cost "
+                     f"paid once per call, {once:.3f} ms, explains {share:.0%} of that"
+                     + (f", and {left:.3f} ms is left that this run does not split further"
+                        if left > 0 else ""))}
+
+
+def bandwidth_gap(m: dict) -> dict:
+    """gloo's fitted 1/β against the ring's, as time at the largest size (the ring's bandwidth
+    term minus gloo's), and how much of it the ring's per-message cost there explains (its
+    messages × the extra cost of one message, from the segment sweep).  What it leaves, and
+    how far each fit is off at that size, shows what the fits themselves contribute."""
+    beta = {name: m["alpha_beta"][name]["beta_gbps"] for name in ("ring", "native")}
+    if not beta["ring"] or not beta["native"] or m["per_call"]["per_message_ms"] is None:
+        return {"text": "this run has no bandwidth term or no per-message cost to compare"}
+    largest, world, seg = m["largest"]["size_bytes"], m["correctness"]["world_size"], m["segments"]
+    sent = 2 * (world - 1) / world * largest  # bytes the busiest rank sends, ring and gloo
+    gap_ms = sent * 1e-6 * (1 / beta["ring"] - 1 / beta["native"])  # GB/s: 1e9 bytes a second
+    default = next((r["segment_bytes"] for r in seg["rows"]
+                    if r["segment_label"] == seg["default_segment"]), None)
+    if default is None:
+        return {"text": "this run's segment sweep did not time the default segment"}
+    messages = m["per_call"]["messages"] * max(1, -(-(largest // world) // default))
+    per_message_ms = messages * m["per_call"]["per_message_ms"]
+    times = {name: m["time_ms"][name][str(largest)] for name in ("ring", "native")}
+    errors = {name: m["alpha_beta"][name]["rel_err"][str(largest)] for name in times}
+    size = f"{m['largest']['size_mib']:.0f} MiB"
+    text = (f"gloo's fitted 1/β is {beta['native'] / beta['ring']:.2f}× the ring's, which at "
+            f"{size} puts the ring's bandwidth term {gap_ms:.1f} ms above gloo's")
+    if gap_ms > 0:
+        share = min(per_message_ms, gap_ms) / gap_ms
+        text += (f". The ring's cost per message explains {share:.0%} of that: at {size} it "
+                 f"sends {messages} messages, which cost {per_message_ms:.1f} ms, "
+                 f"{per_message_ms / times['ring']:.0%} of its {times['ring']:.1f} ms")
+    else:
+        share = None
+    faster = times["ring"] < times["native"]
+    text += (f". Measured, at {size} the ring was {'faster' if faster else 'no faster'} than "
+             f"gloo ({times['ring']:.1f} against {times['native']:.1f} ms)")
+    text += (". So the rest comes from the fits" if faster else
+             ". The rest this run does not split between the ring's bytes and the fits")
+    text += (f": at {size} gloo's model is off by {errors['native']:+.0%} and the ring's by "
+             f"{errors['ring']:+.0%}; each 1/β is set by all the sizes the fit weighs together")
+    return {"ratio": beta["native"] / beta["ring"], "gap_ms_largest": gap_ms,
+            "messages_largest": messages, "per_message_ms": per_message_ms,
+            "explained_share": share, "text": text}
+
+
+def best_segment(m: dict) -> dict:
+    """The fastest segment size of the sweep, how much longer its neighbours took, and the
+    run's own noise: the default segment in the sweep against the same configuration in the
+    benchmark (same size, same segment, timed at another moment)."""
+    seg = m["segments"]
+    rows = [r for r in seg["rows"] if r["segment_bytes"] is not None]
+    best = min(range(len(rows)), key=lambda i: rows[i]["time_ms"])
+    base = rows[best]["time_ms"]
+    neighbours = [rows[i] for i in (best - 1, best + 1) if 0 <= i < len(rows)]
+    excess = {r["segment_label"]: r["time_ms"] / base - 1 for r in neighbours}
+    default = next((r for r in rows if r["segment_label"] == seg["default_segment"]), None)
+    if default is None:
+        return {"best": rows[best]["segment_label"],
+                "text": f"the fastest in this run was {rows[best]['segment_label']}"}
+    bench = m["time_ms"]["ring"][str(seg["size_bytes"])]
+    noise = abs(default["time_ms"] - bench) / min(default["time_ms"], bench)
+    beyond = [label for label, e in excess.items() if e > noise]
+    neighbour_text = ("its neighbours took " if len(excess) > 1 else "its neighbour took ") + \
+        join_words([f"{label} {e:+.0%}" for label, e in excess.items()])
+    verdict = ("larger than that noise"
+               if len(beyond) == len(excess) else
+               "within that noise, so this run does not tell which of them is best"
+               if not beyond else
+               f"larger than that noise only for {join_words(beyond)}")
+    return {"best": rows[best]["segment_label"], "best_ms": base, "neighbours": excess,
+            "noise": noise,
+            "text": (f"the fastest in this run was {rows[best]['segment_label']} "
+                     f"({base:.1f} ms); {neighbour_text}. The same default "
+                     f"configuration ({seg['default_segment']} segments, "
+                     f"{seg['size_label']}) took {default['time_ms']:.1f} ms in this sweep and "
+                     f"{bench:.1f} ms in the benchmark, {noise:.0%} apart; the differences to "
+                     f"{'its neighbours' if len(excess) > 1 else 'it'} are {verdict}")}
+
+
+def size_check_cost(m: dict) -> str:
+    """The size check against gloo's smallest all-reduce, and what in the check costs it: its
+    own all-reduce of four integers (timed in the same rounds) and the Python around it."""
+    check, alone = m["size_check_us"], m.get("size_check_all_reduce_us")
+    small = m["smallest"]
+    gloo_us = small["time_ms"]["native"] * 1e3
+    text = (f"{check / gloo_us:.1f}× gloo's whole {small['size_kib']:.0f} KiB all-reduce "
+            f"({gloo_us:.0f} µs in the benchmark, timed at another moment)")
+    if alone is None:
+        return text + "; this run did not time the check's own all-reduce alone, so it does " \
+                      "not say what in the check costs that"
+    python = check - alone
+    if python <= 0:
+        return text + (f"; its own all-reduce of four integers, timed in the same rounds, took "
+                       f"all of it ({alone:.0f} µs)")
+    return text + (f"; its own all-reduce of four integers, timed in the same rounds, took "
+                   f"{alone:.0f} µs, and the Python around it (making the tensor, reading the "
+                   f"result back with `.tolist()`) the other {python:.0f} µs "
+                   f"({python / check:.0%})")
+
+
 def verdicts(m: dict, label: Callable[[int], str]) -> dict:
     """Every comparison the page draws from this run, computed (values and the phrases the
     page renders), so that a run that measures otherwise changes the sentence with it."""
@@ -218,4 +333,8 @@ def verdicts(m: dict, label: Callable[[int], str]) -> dict:
                            if beta["naive"] > beta["ring"] else
                            "no faster than the ring's: in this run the fit does not show it"),
             "alpha": alpha_comparison(m),
+            "alpha_gap_to_naive": alpha_gap_to_naive(m),
+            "bandwidth_gap": bandwidth_gap(m),
+            "best_segment": best_segment(m),
+            "size_check": size_check_cost(m),
             "stall_order": stall_order(m)}
