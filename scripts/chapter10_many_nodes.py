@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
+import os
 import subprocess
 import sys
 import tempfile
@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddplab
-from ddplab import costmodel, netns, timing
+from ddplab import costmodel, netns, stopping, timing
 from ddplab import nodes_report as report
 from ddplab.launch import RankFailed
 from ddplab.models import ResidualMLP
@@ -167,6 +167,14 @@ def node_failure(scratch: Path, procs) -> NodeFailed:
                       (scratch / "node-a.log").read_text(errors="replace")[-3000:])
 
 
+def node_tmpdir(scratch: Path, node: netns.Node) -> str:
+    """A node's own temporary directory, inside the run's: torchrun's torchelastic_* files
+    go with the run (the node's environment is built from scratch, without the reader's)."""
+    path = scratch / f"tmp-{node.namespace}"
+    path.mkdir(exist_ok=True)
+    return str(path)
+
+
 def run_two_nodes(args, phases: list[str], scratch: Path) -> dict:
     """Both nodes, every phase; the link rate is changed between phases, from here."""
     deadline = time.monotonic() + args.node_budget
@@ -181,7 +189,7 @@ def run_two_nodes(args, phases: list[str], scratch: Path) -> dict:
         procs = []
         for node, log in zip(pair.nodes, logs, strict=True):
             env = {"GLOO_SOCKET_IFNAME": node.interface, "OMP_NUM_THREADS": "1",
-                   "PYTHONUNBUFFERED": "1",
+                   "PYTHONUNBUFFERED": "1", "TMPDIR": node_tmpdir(scratch, node),
                    "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
             procs.append(subprocess.Popen(
                 torchrun_on(node, a, pair.tag, [str(Path(__file__).resolve()), *worker_args],
@@ -231,8 +239,14 @@ def failover(args, scratch: Path) -> dict:
     in the rendezvous; the script relaunches node b (a scheduler's job); training resumes."""
     deadline = time.monotonic() + args.node_budget
     reference = scratch / "reference"  # the same training, never interrupted, 4 ranks
-    subprocess.run([sys.executable, *train_command(reference, args), "--world-size", "4"],
-                   check=True, capture_output=True, timeout=args.node_budget)
+    tmp = scratch / "tmp-reference"  # its temporary files go with the run, whatever happens
+    tmp.mkdir()
+    code, out = stopping.run_to_end(
+        [sys.executable, *train_command(reference, args), "--world-size", "4"],
+        env={**os.environ, "TMPDIR": str(tmp)}, timeout=args.node_budget)
+    if code != 0:
+        last = out.strip().splitlines()[-1:] or ["no output"]
+        raise NodeFailed(f"failover: the reference run failed (exit {code}): {last[0][:300]}")
     ckpt = scratch / "failover"
     with netns.TwoNodes.create() as pair, contextlib.ExitStack() as files:
         pair.set_rate(FAILOVER_MBIT)
@@ -242,6 +256,7 @@ def failover(args, scratch: Path) -> dict:
                               args.timeout, max_restarts=1)
             env = {"GLOO_SOCKET_IFNAME": node.interface, "PYTHONUNBUFFERED": "1",
                    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # see chapter 07
+                   "TMPDIR": node_tmpdir(scratch, node),
                    "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
             out = files.enter_context(open(scratch / log, "w"))
             return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -277,13 +292,6 @@ def one_node(args, phase: str) -> dict:
     args.world_size = 2
     run = ddplab.launch(worker, args)
     return {"result": run.result, "provenance": run.provenance}
-
-
-def raise_on_sigterm() -> None:
-    """SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C, so every finally-block runs."""
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, stop)
 
 
 # --- the model: calibrated, checked against the link, projected -------------------------------
@@ -408,14 +416,16 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.node_worker:  # one rank of the two-node run, started by torchrun
         ddplab.launch(worker, args)
         return None
-    raise_on_sigterm()
     cal = calibration(args.out)  # before the runs: a missing calibration is a one-line error
     one = one_node(args, "loopback")
     two, reason = None, netns.unavailable_reason()
     if reason:
         print(f"note: two emulated nodes skipped: {reason}; ran one node over loopback only")
     else:
-        with tempfile.TemporaryDirectory(prefix="ddpl-ch10-") as scratch:
+        removed = netns.remove_leftovers(tempfile.gettempdir())
+        if removed:
+            print(f"note: {netns.leftovers_line(removed)}")
+        with tempfile.TemporaryDirectory(prefix=netns.scratch_dir_prefix("ch10")) as scratch:
             two = run_two_nodes(args, list(RATES), Path(scratch))
             if args.failover or (args.failover is None and not args.quick):
                 two["failover"] = failover(args, Path(scratch))
