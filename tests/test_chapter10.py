@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -170,27 +168,7 @@ def test_killed_node_ends_the_other_with_a_clear_error_and_leaves_nothing(tmp_pa
     assert not leftovers("ddpl-"), leftovers("ddpl-")
 
 
-@NEEDS_ROOT
-@pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupted_run_tears_everything_down(tmp_path, sig):
-    proc = subprocess.Popen([sys.executable, SCRIPT, "--quick", "--out", str(tmp_path)],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    tag = f"ddpl-{proc.pid}"
-    try:
-        deadline = time.monotonic() + 150
-        while not leftovers(tag + "-") and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert leftovers(tag + "-"), "the namespaces never appeared"
-        time.sleep(3)  # torchrun is starting inside them
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130
-    assert err.strip().splitlines()[-1].startswith("error: interrupted")
-    assert not leftovers(tag), leftovers(tag)
+# Ctrl-C, SIGTERM and SIGKILL at well-defined points of the run: tests/test_faults_nodes.py
 
 
 # --- the whole chapter ----------------------------------------------------------------------------
