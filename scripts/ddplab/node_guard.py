@@ -20,15 +20,12 @@ import subprocess
 import sys
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-POLL_S = 0.5
+POLL_S = 0.2
+_told_to_stop: list[int] = []  # a flag, not an exception: a signal may land inside Popen
 
 
-class _ParentGone(Exception):
-    pass
-
-
-def _on_parent_death(signum, frame):
-    raise _ParentGone
+def _on_stop(signum, frame):
+    _told_to_stop.append(signum)
 
 
 def _descendants(root: int) -> list[int]:
@@ -64,22 +61,18 @@ def _end_tree(child: subprocess.Popen) -> None:
 
 def main(argv: list[str]) -> int:
     launcher, command = int(argv[0]), argv[1:]
-    signal.signal(signal.SIGTERM, _on_parent_death)  # also how close() ends a node
+    signal.signal(signal.SIGTERM, _on_stop)  # the launcher's death, or close() ending the node
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != launcher:
         return 1  # the launcher died before we asked to be told
     child = subprocess.Popen(command)
-    try:
-        while child.poll() is None:
-            if os.getppid() != launcher:
-                raise _ParentGone
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(timeout=POLL_S)
-        return child.returncode
-    except _ParentGone:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not stop the cleanup
-        _end_tree(child)
-        return 128 + signal.SIGTERM
+    while child.poll() is None:
+        if _told_to_stop or os.getppid() != launcher:
+            _end_tree(child)
+            return 128 + signal.SIGTERM
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=POLL_S)
+    return child.returncode
 
 
 if __name__ == "__main__":
