@@ -143,6 +143,17 @@ class TwoNodes:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
+    def cut_power(self, node: Node) -> None:
+        """What a power cut looks like to the other node: ``node``'s cable goes dead first, so
+        nothing it sends arrives (not even the FIN or RST its kernel sends for a killed
+        process), then everything in it stops.  The other side hears nothing: it waits."""
+        _run("ip", "-n", node.namespace, "link", "set", node.interface, "down")
+        self.kill(node)
+
+    def restore_power(self, node: Node) -> None:
+        """``node``'s cable works again (its shaping stays): a replacement at the same address."""
+        _run("ip", "-n", node.namespace, "link", "set", node.interface, "up")
+
     def exists(self) -> dict[str, bool]:
         """What of this pair is still on the machine (the tests check it is nothing)."""
         names = _run("ip", "netns", "list", check=False).stdout.split()
