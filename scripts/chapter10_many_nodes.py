@@ -194,7 +194,8 @@ def run_two_nodes(args, phases: list[str], scratch: Path) -> dict:
 
 CHAPTER07 = Path(__file__).resolve().with_name("chapter07_checkpointing.py")
 FAILOVER_MBIT = 20.0  # slow enough that the kill lands between two checkpoints
-POWER_CUT_TIMEOUT_S = 30.0  # the collective timeout in the power cut: how long a's ranks wait
+POWER_CUT_TIMEOUT_S = 30.0  # the ranks' collective timeout in the failovers: how long a's
+# ranks wait for a node that lost power (the rendezvous keeps --timeout)
 
 
 def train_command(ckpt: Path, args, timeout: float) -> list[str]:
@@ -236,8 +237,8 @@ def failover(args, scratch: Path, reference: Path, power_cut: bool) -> dict:
         a, b = pair.nodes
 
         def start(node: netns.Node, log: str) -> subprocess.Popen:
-            cmd = torchrun_on(node, a, pair.tag, train_command(ckpt, args, timeout), timeout,
-                              max_restarts=1)
+            cmd = torchrun_on(node, a, pair.tag, train_command(ckpt, args, timeout),
+                              args.timeout, max_restarts=1)
             out = files.enter_context(open(scratch / f"{how}-{log}.log", "w"))
             return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                     env=failover_env(scratch, node))
