@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
+import os
 import subprocess
 import sys
 import tempfile
@@ -34,10 +34,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddplab
-from ddplab import costmodel, netns, nodes_verdicts, timing
+from ddplab import costmodel, netns, nodes_verdicts, stopping, timing
 from ddplab import nodes_report as report
-from ddplab.launch import RankFailed
 from ddplab.models import ResidualMLP
+from ddplab.nodes_report import NodeFailed, node_failure, node_failure_from
 from ddplab.replot import draw_figures, replot
 from figures import chapter10 as drawing
 
@@ -143,28 +143,12 @@ def torchrun_on(node: netns.Node, host: netns.Node, tag: str, program: list[str]
 # --8<-- [end:torchrun]
 
 
-class NodeFailed(RankFailed):
-    def __init__(self, summary: str, details: str = ""):
-        Exception.__init__(self, summary)
-        self.rank, self.details = -1, details
-
-
-CAUSES = ("error: ", "Connection closed by peer", "Connection reset by peer", "timeout",
-          "Error")  # the most telling line of a node's log, best first
-
-
-def node_failure(scratch: Path, procs) -> NodeFailed:
-    """One line naming the node that failed and its most telling error; the log as details."""
-    for node, proc in zip("ab", procs, strict=True):
-        log = (scratch / f"node-{node}.log").read_text(errors="replace")
-        lines = [ln.strip() for ln in log.splitlines()]
-        for cause in CAUSES:
-            found = [ln for ln in lines if cause in ln]
-            if proc.returncode not in (None, 0) and found:
-                return NodeFailed(f"node {node} stopped (exit {proc.returncode}): "
-                                  f"{found[0][:300]}", log[-3000:])
-    return NodeFailed("the two-node run ended without a result (node logs above)",
-                      (scratch / "node-a.log").read_text(errors="replace")[-3000:])
+def node_tmpdir(scratch: Path, node: netns.Node) -> str:
+    """A node's own temporary directory, inside the run's: torchrun's torchelastic_* files
+    go with the run (the node's environment is built from scratch, without the reader's)."""
+    path = scratch / f"tmp-{node.namespace}"
+    path.mkdir(exist_ok=True)
+    return str(path)
 
 
 def run_two_nodes(args, phases: list[str], scratch: Path) -> dict:
@@ -181,7 +165,7 @@ def run_two_nodes(args, phases: list[str], scratch: Path) -> dict:
         procs = []
         for node, log in zip(pair.nodes, logs, strict=True):
             env = {"GLOO_SOCKET_IFNAME": node.interface, "OMP_NUM_THREADS": "1",
-                   "PYTHONUNBUFFERED": "1",
+                   "PYTHONUNBUFFERED": "1", "TMPDIR": node_tmpdir(scratch, node),
                    "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
             procs.append(subprocess.Popen(
                 torchrun_on(node, a, pair.tag, [str(Path(__file__).resolve()), *worker_args],
@@ -210,12 +194,14 @@ def run_two_nodes(args, phases: list[str], scratch: Path) -> dict:
 
 CHAPTER07 = Path(__file__).resolve().with_name("chapter07_checkpointing.py")
 FAILOVER_MBIT = 20.0  # slow enough that the kill lands between two checkpoints
+POWER_CUT_TIMEOUT_S = 30.0  # the ranks' collective timeout in the failovers: how long a's
+# ranks wait for a node that lost power (the rendezvous keeps --timeout)
 
 
-def train_command(ckpt: Path, args) -> list[str]:
+def train_command(ckpt: Path, args, timeout: float) -> list[str]:
     """Chapter 07's checkpointed training (--quick), resuming from ``ckpt`` if it has one."""
     return [str(CHAPTER07), "--train", "--quick", "--ckpt-dir", str(ckpt), "--seed",
-            str(args.seed), "--timeout", str(args.timeout), "--out", str(ckpt / "out")]
+            str(args.seed), "--timeout", str(timeout), "--out", str(ckpt / "out")]
 
 
 def wait_until(condition, deadline: float, what: str) -> None:
@@ -225,50 +211,70 @@ def wait_until(condition, deadline: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def reference_run(args, scratch: Path) -> Path:
+    """The same training on 4 ranks, never interrupted: what a resumed run must equal."""
+    reference = scratch / "reference"
+    tmp = scratch / "tmp-reference"  # its temporary files go with the run, whatever happens
+    tmp.mkdir()
+    code, out = stopping.run_to_end(
+        [sys.executable, *train_command(reference, args, args.timeout), "--world-size", "4"],
+        env={**os.environ, "TMPDIR": str(tmp)}, timeout=args.node_budget)
+    if code != 0:
+        last = out.strip().splitlines()[-1:] or ["no output"]
+        raise NodeFailed(f"failover: the reference run failed (exit {code}): {last[0][:300]}")
+    return reference
+
+
 # --8<-- [start:failover]
-def failover(args, scratch: Path) -> dict:
-    """Kill node b after the first checkpoint; torchrun on node a restarts its ranks and waits
-    in the rendezvous; the script relaunches node b (a scheduler's job); training resumes."""
-    deadline = time.monotonic() + args.node_budget
-    reference = scratch / "reference"  # the same training, never interrupted, 4 ranks
-    subprocess.run([sys.executable, *train_command(reference, args), "--world-size", "4"],
-                   check=True, capture_output=True, timeout=args.node_budget)
-    ckpt = scratch / "failover"
+def failover(args, scratch: Path, reference: Path, power_cut: bool) -> dict:
+    """Lose node b after the first checkpoint; torchrun on node a restarts its ranks and waits
+    in the rendezvous; the script relaunches node b (a scheduler's job); training resumes.
+    Killed, b's kernel still closes its connections; in a power cut nothing more arrives."""
+    deadline, how = time.monotonic() + args.node_budget, "power_cut" if power_cut else "kill"
+    ckpt, timeout = scratch / how, min(args.timeout, POWER_CUT_TIMEOUT_S)
     with netns.TwoNodes.create() as pair, contextlib.ExitStack() as files:
         pair.set_rate(FAILOVER_MBIT)
+        a, b = pair.nodes
 
         def start(node: netns.Node, log: str) -> subprocess.Popen:
-            cmd = torchrun_on(node, pair.nodes[0], pair.tag, train_command(ckpt, args),
+            cmd = torchrun_on(node, a, pair.tag, train_command(ckpt, args, timeout),
                               args.timeout, max_restarts=1)
-            env = {"GLOO_SOCKET_IFNAME": node.interface, "PYTHONUNBUFFERED": "1",
-                   "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # see chapter 07
-                   "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-            out = files.enter_context(open(scratch / log, "w"))
-            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+            out = files.enter_context(open(scratch / f"{how}-{log}.log", "w"))
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                    env=failover_env(scratch, node))
 
-        node_a, _ = start(pair.nodes[0], "fail-a.log"), start(pair.nodes[1], "fail-b.log")
-        wait_until(lambda: any(ckpt.rglob("step_*")), deadline,
-                   "a first checkpoint")
-        pair.kill(pair.nodes[1])  # node b loses power
-        killed_at = time.monotonic()
-        wait_until(lambda: not pair.pids(pair.nodes[1]), deadline, "node b's death")
-        start(pair.nodes[1], "fail-b2.log")  # the scheduler brings a node back
+        node_a, _ = start(a, "a"), start(b, "b")
+        wait_until(lambda: any(ckpt.rglob("step_*")), deadline, "a first checkpoint")
+        before = set(pair.pids(a))
+        if power_cut:
+            pair.cut_power(b)
+        else:
+            pair.kill(b)  # every process of node b
+        lost_at = time.monotonic()
+        wait_until(lambda: len(before - set(pair.pids(a))) >= 2, deadline,  # its 2 ranks
+                   "the end of node a's ranks")
+        detected_s = time.monotonic() - lost_at
+        wait_until(lambda: not pair.pids(b), deadline, "node b's death")
+        if power_cut:
+            pair.restore_power(b)
+        start(b, "b2")  # the scheduler brings a node back
         wait_until(lambda: node_a.poll() is not None, deadline, "the resumed run's end")
         if node_a.returncode != 0:
-            raise node_failure_from(scratch / "fail-a.log", "failover")
+            raise node_failure_from(scratch / f"{how}-a.log", f"failover ({how})")
     # --8<-- [end:failover]
     final = torch.load(ckpt / "final.pt", weights_only=True)
     ref = torch.load(reference / "final.pt", weights_only=True)
     return {"resumed_from_step": final["resumed_from"], "attempt": final["attempt"],
             "max_abs_diff": (final["params"] - ref["params"]).abs().max().item(),
-            "recovery_s": time.monotonic() - killed_at, "link_mbit": FAILOVER_MBIT}
+            "detected_s": detected_s, "recovery_s": time.monotonic() - lost_at,
+            "node_a_heard": report.how_node_a_heard(scratch / f"{how}-a.log"),
+            "collective_timeout_s": timeout, "link_mbit": FAILOVER_MBIT}
 
 
-def node_failure_from(log_path: Path, what: str) -> NodeFailed:
-    log = log_path.read_text(errors="replace")
-    lines = [ln.strip() for ln in log.splitlines() if "rror" in ln]
-    return NodeFailed(f"{what}: node a failed: {lines[-1][:300] if lines else 'see its log'}",
-                      log[-3000:])
+def failover_env(scratch: Path, node: netns.Node) -> dict:
+    return {"GLOO_SOCKET_IFNAME": node.interface, "PYTHONUNBUFFERED": "1",
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # see chapter 07
+            "TMPDIR": node_tmpdir(scratch, node), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
 
 def one_node(args, phase: str) -> dict:
@@ -277,13 +283,6 @@ def one_node(args, phase: str) -> dict:
     args.world_size = 2
     run = ddplab.launch(worker, args)
     return {"result": run.result, "provenance": run.provenance}
-
-
-def raise_on_sigterm() -> None:
-    """SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C, so every finally-block runs."""
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, stop)
 
 
 # --- the model: calibrated, checked against the link, projected -------------------------------
@@ -411,17 +410,21 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.node_worker:  # one rank of the two-node run, started by torchrun
         ddplab.launch(worker, args)
         return None
-    raise_on_sigterm()
     cal = calibration(args.out)  # before the runs: a missing calibration is a one-line error
     one = one_node(args, "loopback")
     two, reason = None, netns.unavailable_reason()
     if reason:
         print(f"note: two emulated nodes skipped: {reason}; ran one node over loopback only")
     else:
-        with tempfile.TemporaryDirectory(prefix="ddpl-ch10-") as scratch:
+        removed = netns.remove_leftovers(tempfile.gettempdir())
+        if removed:
+            print(f"note: {netns.leftovers_line(removed)}")
+        with tempfile.TemporaryDirectory(prefix=netns.scratch_dir_prefix("ch10")) as scratch:
             two = run_two_nodes(args, list(RATES), Path(scratch))
             if args.failover or (args.failover is None and not args.quick):
-                two["failover"] = failover(args, Path(scratch))
+                reference = reference_run(args, Path(scratch))
+                two["failover"] = failover(args, Path(scratch), reference, power_cut=False)
+                two["power_cut"] = failover(args, Path(scratch), reference, power_cut=True)
     grad_bytes = one["result"]["phases"]["loopback"]["grad_bytes"]
     metrics = {"two_nodes": two is not None, "skipped_reason": reason,
                "one_node": one["result"], "two_node": two, "calibration": cal,

@@ -15,6 +15,9 @@ idle time against the injected delay (slope within ``SLOPE_TARGET``) and the res
     python tools/bench.py [--limit 60] [extra flags for every chapter, e.g. --world-size 2]
     python tools/bench.py --record     # also times grading each solution, and writes both to
                                        # figures/bench/results.json (the workshop guide reads it)
+    python tools/bench.py --doctor     # only `make doctor`'s wall time (it promises < 30 s)
+
+``make doctor``'s own time is measured here too, for the same reason: a test cannot promise it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT_S = 60.0
 SLOPE_TARGET = (0.8, 1.2)  # chapter 06: fast ranks' idle time per ms of injected delay
+DOCTOR_LIMIT_S = 30.0  # what `make doctor` promises
 
 
 @dataclass
@@ -139,6 +143,21 @@ def run_all(scripts: list[Path], extra: list[str], scratch: Path) -> list[Row]:
     return rows
 
 
+def doctor_seconds(root: Path = ROOT) -> tuple[float, int]:
+    """Wall time of ``scripts/doctor.py`` (the site build included), and its exit status."""
+    print("== make doctor", flush=True)
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "scripts/doctor.py"], cwd=root, capture_output=True,
+                          text=True)
+    return time.perf_counter() - start, proc.returncode
+
+
+def doctor_line(seconds: float, returncode: int) -> str:
+    status = "" if returncode == 0 else f" (it exited {returncode}: run `make doctor` to see why)"
+    flag = f"   SLOW: over {DOCTOR_LIMIT_S:.0f} s" if seconds > DOCTOR_LIMIT_S else ""
+    return f"{'make doctor':<32} {seconds:>16.1f} s{flag}{status}"
+
+
 def grading_seconds(root: Path = ROOT) -> dict[str, float]:
     """Wall time of ``make grade-NN FILE=<the solution>`` for every chapter that has one, from
     the command to its last line (Python's start included): what a participant waits."""
@@ -156,7 +175,7 @@ def grading_seconds(root: Path = ROOT) -> dict[str, float]:
 
 
 def record(rows: list[Row], grading: dict[str, float], root: Path = ROOT,
-           relations: dict[str, float] | None = None) -> Path:
+           relations: dict[str, float] | None = None, doctor_s: float | None = None) -> Path:
     """figures/bench/results.json: the times with where they were measured."""
     import torch  # only for the version: the chapters themselves ran in their own processes
 
@@ -172,6 +191,7 @@ def record(rows: list[Row], grading: dict[str, float], root: Path = ROOT,
         "grading_seconds": grading,
         "grading_seconds_max": max(grading.values()),
         "straggler_relations": relations or {},
+        "doctor_seconds": doctor_s,
         "provenance": {"torch": torch.__version__, "python": platform.python_version(),
                        "backend": "gloo", "device": cpu_model(), "world_size": 2,
                        "launcher": "mp.spawn", "quick": True, "cpu_count": os.cpu_count(),
@@ -186,16 +206,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=float, default=LIMIT_S, help="flag runs over this (s)")
     parser.add_argument("--record", action="store_true",
                         help="also time grading, and write figures/bench/results.json")
+    parser.add_argument("--doctor", action="store_true", help="only time `make doctor`")
     args, extra = parser.parse_known_args(argv)
+    if args.doctor:
+        print(doctor_line(*doctor_seconds()))
+        return 0
     with tempfile.TemporaryDirectory(prefix="ddplab-bench-") as scratch:
         rows = run_all(chapter_scripts(), extra, Path(scratch))
         relations = straggler_relations(Path(scratch))
+    doctor_s, doctor_code = doctor_seconds()
     print(table(rows, args.limit))
     print(relations_table(relations))
+    print(doctor_line(doctor_s, doctor_code))
     if args.record and exit_status(rows) == 0:
         grading = grading_seconds()
         print("grading a solution: " + ", ".join(f"{c} {t:.1f} s" for c, t in grading.items()))
-        print(f"wrote {record(rows, grading, relations=relations).relative_to(ROOT)}")
+        path = record(rows, grading, relations=relations, doctor_s=doctor_s)
+        print(f"wrote {path.relative_to(ROOT)}")
     return exit_status(rows)
 
 

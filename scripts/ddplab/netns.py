@@ -6,10 +6,13 @@ the other), behave like two hosts on a switch.  ``tc qdisc ... tbf`` (token buck
 how fast each end may send, so the cable can be a 100 Mbit/s or 1 Gbit/s link.
 
 Safety rules this module keeps:
-* it touches only what it created: two namespaces and one veth pair named ``ddpl-<pid>-...``,
-  with private addresses (10.213.0.0/30) that exist only inside those namespaces;
+* it touches only what it created: two namespaces and one veth pair named ``ddpl-<pid>-...``
+  (``<pid>``: the process that made them), with private addresses (10.213.0.0/30) that exist
+  only inside those namespaces;
 * ``close()`` kills every process still inside the two namespaces (only processes this run
   started can be there), then deletes the namespaces, which deletes the cable with them;
+* a run killed before it could ``close()`` (SIGKILL) leaves them behind: ``remove_leftovers()``
+  deletes every pair whose creating process is gone, and never one whose creator still runs;
 * every ``ip``/``tc`` command has a timeout.
 
 Needs root and iproute2 (``ip``, ``tc``); ``unavailable_reason()`` says why not, in one line.
@@ -19,15 +22,24 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 SUBNET_ADDRESSES = ("10.213.0.1", "10.213.0.2")  # private (RFC 1918), only on our veth
 PREFIX = 30
 _CMD_TIMEOUT_S = 10.0
+TAG_PREFIX = "ddpl-"  # every name this module gives starts so, followed by the creator's PID
+_GUARD = Path(__file__).with_name("node_guard.py")
+_IFNAME_MAX = 15  # Linux's limit on an interface name
+# What a run made: namespace ddpl-<pid>-a, a veth end left on the host ddpl-<pid>a, a scratch
+# directory ddpl-<pid>-<what>-<random> (see scratch_dir_prefix).
+_OURS = re.compile(rf"^{TAG_PREFIX}(\d+)(?:-[ab]|[ab]|-[a-z0-9]+-.*)$")
 
 
 def unavailable_reason() -> str | None:
@@ -38,6 +50,16 @@ def unavailable_reason() -> str | None:
         if shutil.which(tool) is None:
             return f"'{tool}' (iproute2) is not installed"
     return None
+
+
+def _interface_name(tag: str, node: str) -> str:
+    """The tag and the node's letter, cut to Linux's 15 characters (a default tag fits)."""
+    return f"{tag[:_IFNAME_MAX - 1]}{node}"
+
+
+def scratch_dir_prefix(what: str) -> str:
+    """``tempfile``'s prefix for a run's scratch directory, recognisable if the run is killed."""
+    return f"{TAG_PREFIX}{os.getpid()}-{what}-"
 
 
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -54,8 +76,10 @@ class Node:
     address: str
 
     def command(self, argv: list[str]) -> list[str]:
-        """``argv`` run inside this node: it sees only this node's network."""
-        return ["ip", "netns", "exec", self.namespace, *argv]
+        """``argv`` run inside this node: it sees only this node's network, and it ends with
+        everything it started when this process dies (start it from the main thread)."""
+        guard = [sys.executable, "-I", str(_GUARD), str(os.getpid())]
+        return ["ip", "netns", "exec", self.namespace, *guard, *argv]
 
 
 @dataclass
@@ -70,8 +94,8 @@ class TwoNodes:
     # --8<-- [start:create]
     @classmethod
     def create(cls, tag: str | None = None) -> TwoNodes:
-        tag = tag or f"ddpl-{os.getpid()}"
-        a, b = (Node(f"{tag}-{n}", f"{tag[:10]}{n}", addr)  # interface names: <= 15 chars
+        tag = tag or f"{TAG_PREFIX}{os.getpid()}"
+        a, b = (Node(f"{tag}-{n}", _interface_name(tag, n), addr)
                 for n, addr in zip("ab", SUBNET_ADDRESSES, strict=True))
         pair = cls(tag, (a, b))
         try:
@@ -119,6 +143,17 @@ class TwoNodes:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
+    def cut_power(self, node: Node) -> None:
+        """What a power cut looks like to the other node: ``node``'s cable goes dead first, so
+        nothing it sends arrives (not even the FIN or RST its kernel sends for a killed
+        process), then everything in it stops.  The other side hears nothing: it waits."""
+        _run("ip", "-n", node.namespace, "link", "set", node.interface, "down")
+        self.kill(node)
+
+    def restore_power(self, node: Node) -> None:
+        """``node``'s cable works again (its shaping stays): a replacement at the same address."""
+        _run("ip", "-n", node.namespace, "link", "set", node.interface, "up")
+
     def exists(self) -> dict[str, bool]:
         """What of this pair is still on the machine (the tests check it is nothing)."""
         names = _run("ip", "netns", "list", check=False).stdout.split()
@@ -151,3 +186,56 @@ class TwoNodes:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# --- what a killed run left behind -------------------------------------------------------------
+
+def _creator(name: str) -> int | None:
+    """The PID in one of our names (``ddpl-<pid>-a``, ...), None for a name we did not give."""
+    match = _OURS.match(name)
+    return int(match.group(1)) if match else None
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _orphaned(names: list[str]) -> list[str]:
+    return [n for n in names if (pid := _creator(n)) is not None and not _alive(pid)]
+
+
+def remove_leftovers(scratch_root: str | None = None) -> list[str]:
+    """Remove what runs killed before they could clean up left: the processes inside their
+    namespaces, the namespaces (their veth ends and tbf qdiscs go with them), a veth end left
+    on the host, and their scratch directories under ``scratch_root``.  Only names this module
+    gives (``ddpl-<pid>...``), and only when process ``<pid>`` is gone.  Returns what went."""
+    removed = []
+    namespaces = _run("ip", "netns", "list", check=False).stdout.split()
+    for name in _orphaned([n for n in namespaces if n.startswith(TAG_PREFIX)]):
+        inside = [int(p) for p in _run("ip", "netns", "pids", name, check=False).stdout.split()]
+        for pid in inside:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _run("ip", "netns", "del", name, check=False)
+        removed.append(f"namespace {name}" + (f" ({len(inside)} processes)" if inside else ""))
+    links = _run("ip", "-o", "link", "show", check=False).stdout
+    host_ends = re.findall(rf"^\d+: ({TAG_PREFIX}\d+[ab])[@:]", links, flags=re.MULTILINE)
+    for name in _orphaned(host_ends):
+        _run("ip", "link", "del", name, check=False)
+        removed.append(f"veth {name}")
+    if scratch_root is not None and os.path.isdir(scratch_root):
+        for name in _orphaned(sorted(os.listdir(scratch_root))):
+            shutil.rmtree(os.path.join(scratch_root, name), ignore_errors=True)
+            removed.append(f"directory {os.path.join(scratch_root, name)}")
+    return removed
+
+
+def leftovers_line(removed: list[str]) -> str:
+    """One line saying what ``remove_leftovers`` removed."""
+    return ("removed what an earlier two-node run left when it was killed: "
+            + ", ".join(removed))

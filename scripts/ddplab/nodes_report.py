@@ -1,5 +1,6 @@
-"""Chapter 10's plumbing: its flags (the reader's, and the hidden ones a node's ranks get), and
-the run on one screen: each measured step against the model's prediction, and the failover.
+"""Chapter 10's plumbing: its flags (the reader's, and the hidden ones a node's ranks get), a
+node's failure as one line, and the run on one screen: each measured step against the model's
+prediction, and the failovers.
 The story (two emulated nodes, the failover, the model checked and projected) stays in
 scripts/chapter10_many_nodes.py.
 """
@@ -7,9 +8,11 @@ scripts/chapter10_many_nodes.py.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from . import costmodel
 from .cli import positive
+from .launch import RankFailed
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +40,49 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-result", default=None, **hidden)
 
 
+class NodeFailed(RankFailed):
+    def __init__(self, summary: str, details: str = ""):
+        Exception.__init__(self, summary)
+        self.rank, self.details = -1, details
+
+
+CAUSES = ("error: ", "Connection closed by peer", "Connection reset by peer", "timeout",
+          "Error")  # the most telling line of a node's log, best first
+
+
+def node_failure(scratch: Path, procs) -> NodeFailed:
+    """One line naming the node that failed and its most telling error; the log as details."""
+    for node, proc in zip("ab", procs, strict=True):
+        log = (scratch / f"node-{node}.log").read_text(errors="replace")
+        lines = [ln.strip() for ln in log.splitlines()]
+        for cause in CAUSES:
+            found = [ln for ln in lines if cause in ln]
+            if proc.returncode not in (None, 0) and found:
+                return NodeFailed(f"node {node} stopped (exit {proc.returncode}): "
+                                  f"{found[0][:300]}", log[-3000:])
+    return NodeFailed("the two-node run ended without a result (node logs above)",
+                      (scratch / "node-a.log").read_text(errors="replace")[-3000:])
+
+
+def node_failure_from(log_path: Path, what: str) -> NodeFailed:
+    log = log_path.read_text(errors="replace")
+    lines = [ln.strip() for ln in log.splitlines() if "rror" in ln]
+    return NodeFailed(f"{what}: node a failed: {lines[-1][:300] if lines else 'see its log'}",
+                      log[-3000:])
+
+
+LOSS_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Timed out", "timed out")
+
+
+def how_node_a_heard(log_path: Path) -> str | None:
+    """The first line of node a's log that shows how its ranks learnt of the loss: the peer's
+    kernel closing the connection, or a collective timing out (nothing arrived)."""
+    for line in log_path.read_text(errors="replace").splitlines():
+        if any(sign in line for sign in LOSS_SIGNS):
+            return line.strip()[:300]
+    return None
+
+
 def summarize(metrics: dict) -> str:
     """Each run's measured step against the prediction; then the failover, if it ran."""
     lines = []
@@ -46,10 +92,13 @@ def summarize(metrics: dict) -> str:
                      f"error {row['rel_error']:.0%}; from its own all-reduce timings "
                      f"{row['predicted_own_allreduce_ms']:.1f} ms "
                      f"({row['rel_error_own_allreduce']:.0%})")
-    two = metrics["two_node"]
-    if two and "failover" in two:
-        f = two["failover"]
-        lines.append(f"failover: node b killed, relaunched; resumed from step "
-                     f"{f['resumed_from_step']} (torchrun restart {f['attempt']}); "
-                     f"max |Δparam| vs uninterrupted = {f['max_abs_diff']:g}")
+    two = metrics["two_node"] or {}
+    for key, what in (("failover", "killed"), ("power_cut", "lost power")):
+        if key in two:
+            f = two[key]
+            lines.append(f"failover: node b {what}, node a's ranks ended after "
+                         f"{f['detected_s']:.1f} s, b relaunched; resumed from step "
+                         f"{f['resumed_from_step']} (torchrun restart {f['attempt']}) "
+                         f"{f['recovery_s']:.0f} s after the loss; max |Δparam| vs "
+                         f"uninterrupted = {f['max_abs_diff']:g}")
     return "\n".join(lines)

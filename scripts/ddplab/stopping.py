@@ -8,6 +8,7 @@ run started, at once, and the files they leave: this module is how.
   ``finally`` blocks (stop the ranks, remove the temporary directory) instead of vanishing.
 * ``stop_processes(procs)`` ends processes we started: SIGTERM, a short grace, then SIGKILL —
   a stopped (SIGSTOP) or stuck process ignores SIGTERM until it runs again, SIGKILL it does not.
+* ``run_to_end(argv)`` runs a child script; stopped, it gets SIGTERM and a grace to clean up.
 * ``end_process_tree(popen)`` ends a subprocess and everything under it (torchrun starts each
   rank in a session of its own, so its process group alone does not reach them).
 * ``flush_resource_tracker()`` makes multiprocessing's resource tracker say what it has to say
@@ -24,6 +25,7 @@ import time
 from collections.abc import Iterable
 
 STOP_GRACE_S = 2.0  # how long a process gets to end by itself after SIGTERM
+CHILD_GRACE_S = 15.0  # a chapter script stopping its ranks: up to 2 * STOP_GRACE_S, and imports
 
 
 class Stopped(KeyboardInterrupt):
@@ -54,6 +56,36 @@ def stop_processes(procs: Iterable, grace: float = STOP_GRACE_S) -> None:
         if p.is_alive():
             p.kill()  # SIGKILL: also ends a stopped or stuck process
         p.join()
+
+
+def run_to_end(argv: list[str], env: dict, timeout: float) -> tuple[int, str]:
+    """Run ``argv`` to its end: (exit code, its output).  If we are stopped meanwhile (Ctrl-C,
+    SIGTERM, ``timeout``), it gets SIGTERM and a grace to stop its ranks and remove its files
+    (SIGKILL, what ``subprocess.run`` sends, would leave them), then SIGKILL."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", env=env)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except BaseException as err:
+        # Ctrl-C in a terminal reached the child too: give it a moment to stop by itself
+        # (a second signal would cut its clean-up short); otherwise it is told now.
+        if isinstance(err, KeyboardInterrupt) and not isinstance(err, Stopped):
+            _wait_quietly(proc, STOP_GRACE_S)
+        proc.terminate()
+        if not _wait_quietly(proc, CHILD_GRACE_S):
+            proc.kill()
+            proc.wait()
+        raise
+    return proc.returncode, out
+
+
+def _wait_quietly(proc: subprocess.Popen, seconds: float) -> bool:
+    """Whether ``proc`` ended within ``seconds``."""
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def end_process_tree(proc: subprocess.Popen) -> None:
