@@ -227,9 +227,8 @@ def reference_run(args, scratch: Path) -> Path:
 
 # --8<-- [start:failover]
 def failover(args, scratch: Path, reference: Path, power_cut: bool) -> dict:
-    """Lose node b after the first checkpoint; torchrun on node a restarts its ranks and waits
-    in the rendezvous; the script relaunches node b (a scheduler's job); training resumes.
-    Killed, b's kernel still closes its connections; in a power cut nothing more arrives."""
+    """Lose node b after the first checkpoint (killed, its kernel still closes its connections;
+    in a power cut nothing more arrives); the script relaunches it, as a scheduler would."""
     deadline, how = time.monotonic() + args.node_budget, "power_cut" if power_cut else "kill"
     ckpt, timeout = scratch / how, min(args.timeout, POWER_CUT_TIMEOUT_S)
     with netns.TwoNodes.create() as pair, contextlib.ExitStack() as files:
@@ -242,14 +241,10 @@ def failover(args, scratch: Path, reference: Path, power_cut: bool) -> dict:
             out = files.enter_context(open(scratch / f"{how}-{log}.log", "w"))
             return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                     env=failover_env(scratch, node))
-
         node_a, _ = start(a, "a"), start(b, "b")
         wait_until(lambda: any(ckpt.rglob("step_*")), deadline, "a first checkpoint")
         before = set(pair.pids(a))
-        if power_cut:
-            pair.cut_power(b)
-        else:
-            pair.kill(b)  # every process of node b
+        (pair.cut_power if power_cut else pair.kill)(b)  # every process of node b
         lost_at = time.monotonic()
         wait_until(lambda: len(before - set(pair.pids(a))) >= 2, deadline,  # its 2 ranks
                    "the end of node a's ranks")
