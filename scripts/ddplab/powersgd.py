@@ -138,8 +138,7 @@ def powersgd_hook(state: PowerSGDState, bucket):  # returns a Future
         state.error[key] = before - buffer                         # what the rank r missed
     else:                   # an overflow (seen by every rank: P and Q are all-reduced)
         forget(state, key)  # the scaler skips this step; keep no inf/NaN for the next
-    if bucket.is_last():
-        end_of_step(state)
+    end_of_step(state, bucket)  # after the last bucket: one overflow anywhere, no residuals
     return completed(buffer)
 # --8<-- [end:powersgd]
 
@@ -153,10 +152,12 @@ def forget(state: PowerSGDState, key: int) -> None:
     state.overflowed = True
 
 
-def end_of_step(state: PowerSGDState) -> None:
+def end_of_step(state: PowerSGDState, bucket) -> None:
     """After the last bucket: if any bucket overflowed, the scaler skips the whole step and
     halves its scale, so the other buckets' residuals (in the old scale's units, for a step
     that never happens) go too.  Their Qs stay: a warm start has no scale."""
+    if not bucket.is_last():
+        return
     if state.overflowed:
         state.error.clear()
     state.overflowed = False
