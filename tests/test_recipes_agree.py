@@ -40,4 +40,4 @@ def test_manifest_restarts_failed_containers_within_a_budget():
 def test_rendezvous_ports_stay_below_the_ephemeral_range():
     text = (REPO / "recipes/slurm_ddp.sbatch").read_text()
     base, span = map(int, re.search(r"\$\(\((\d+) \+ SLURM_JOB_ID % (\d+)\)\)", text).groups())
-    assert 1024 <= base and base + span - 1 < EPHEMERAL_FIRST
+    assert base >= 1024 and base + span - 1 < EPHEMERAL_FIRST
