@@ -283,18 +283,25 @@ def one_node(args, phase: str) -> dict:
 # --- the model: calibrated, checked against the link, projected -------------------------------
 
 def calibration(out: Path) -> dict:
-    """α, β, γ from chapter 03, compute from chapter 05: the reader's runs, else the committed."""
-    for where, root in (("your run", out), ("the committed run", ddplab.results.REPO_ROOT
-                                             / "figures")):
+    """α, β, γ from chapter 03, compute from chapter 05: the reader's runs, else the committed;
+    with where and when each was measured, which the page shows beside the values."""
+    for root in (out, ddplab.results.REPO_ROOT / "figures"):
         fit = costmodel.chapter03_fit(root)  # None for a --quick run: no bandwidth in it
         try:
-            compute = float(ddplab.read_results(root, 5)["step_time_ms"]["local"])
+            ch05 = ddplab.read_results(root, 5)
+            compute = float(ch05["step_time_ms"]["local"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # missing, or keys of another shape
         if fit is not None:
+            run = costmodel.run_label(root)
             return {"alpha_us": fit["alpha_us"], "beta_gbps": fit["beta_gbps"],
                     "gamma_s_per_byte": fit["gamma_s_per_byte"], "compute_ms": compute,
-                    "source": f"chapters 03 and 05, {where} ({root})"}
+                    "run": run,
+                    "source": f"chapters 03 and 05, {run} ({costmodel.shown_path(root)})",
+                    "chapter03": {"measured": fit["measured"], "device": fit["device"],
+                                  "source": fit["source"]},
+                    "chapter05": {"measured": ch05.get("provenance", {}).get("date"),
+                                  "device": ch05.get("provenance", {}).get("device")}}
     raise ddplab.UsageError(
         "the cost model needs chapter 03's alpha-beta fit (a full run, not --quick) and "
         f"chapter 05's step time, and found neither in {out} nor in the committed figures/: "

@@ -113,7 +113,9 @@ CHAPTERS = (
             exercises=True),
     Chapter(7, "checkpointing", "checkpointing", "Checkpointing and failures",
             "atomic saves, bit-for-bit resume, distributed checkpoints, restarting after a crash",
-            "saving and resuming GPU state, `map_location`", "a checkpoint sharded over GPUs",
+            "saving and resuming GPU state, `map_location`",
+            "DCP over nccl: each replicated tensor written by one rank, the writing spread "
+            "over the ranks (DDP shards nothing)",
             (Headline("resumed vs uninterrupted: largest difference", "resume.max_abs_diff", "g"),
              Headline("torchrun restart vs uninterrupted: largest difference",
                       "restart.max_abs_diff", "g")),

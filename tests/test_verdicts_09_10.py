@@ -90,3 +90,67 @@ def test_chapter10_verdicts_and_page_follow_the_numbers(monkeypatch):
     assert changed["verdicts"]["model"]["optimistic_beyond_15_percent"] == "none"
     page = render_page("10-many-nodes.md", changed, "10", monkeypatch)
     assert "Optimistic\n(predicting a faster step) by more: none;" in page
+
+
+def at_alpha(monkeypatch, pick) -> dict:
+    """``where_it_pays`` with every link's α set to ``pick(link)``, range collapsed to it."""
+    from dataclasses import replace
+    moved = {k: replace(v, alpha_us=pick(v), alpha_range_us=(pick(v), pick(v)))
+             for k, v in costmodel.LINKS.items()}
+    with monkeypatch.context() as m:
+        m.setattr(hook_cost, "LINKS", moved)
+        return hook_cost.where_it_pays(HOOKS, 2_000_000, 8, MODEL, rank=2)["verdict"]
+
+
+def test_alpha_sensitivity_is_the_verdict_at_the_bottom_of_the_range(monkeypatch):
+    verdict = hook_cost.where_it_pays(HOOKS, 2_000_000, 8, MODEL, rank=2)["verdict"]
+    low = at_alpha(monkeypatch, lambda link: link.alpha_range_us[0])
+    for model_name, per_compute in verdict.items():
+        for where, per_link in per_compute.items():
+            for key, link in costmodel.LINKS.items():
+                ours, other = per_link[key], low[model_name][where][key]
+                same = (ours["best_hook"] == other["best_hook"]
+                        and (ours["speedup"] > 1) == (other["speedup"] > 1))
+                assert ours["alpha_holds"] == same
+                if not same:
+                    assert ours["alpha_text"] == (f"at α {link.alpha_range_us[0]:.3g} µs "
+                                                  f"instead: {other['text']}")
+
+
+def test_every_link_takes_alpha_from_one_protocol_row():
+    for key, link in costmodel.LINKS.items():
+        low, high = link.alpha_range_us
+        assert low <= link.alpha_us == high       # the table's α is the top of its range
+        if key.startswith(("ib", "eth")):
+            assert low == costmodel.NET_ALPHA_RANGE_US[0]
+
+
+def test_calibration_says_which_run_and_machine(tmp_path):
+    for chapter in ("chapter03", "chapter05"):
+        (tmp_path / chapter).mkdir()
+        (tmp_path / chapter / "results.json").write_text(
+            (REPO / "figures" / chapter / "results.json").read_text())
+    committed = ch10.calibration(REPO / "figures")
+    yours = ch10.calibration(tmp_path)
+    assert committed["run"] == "the committed run" and yours["run"] == "your run"
+    assert "the committed run (figures)" in committed["source"]
+    fit = costmodel.chapter03_calibration(tmp_path)
+    provenance = json.loads((REPO / "figures/chapter03/results.json").read_text())["provenance"]
+    assert (fit["run"], fit["device"], fit["measured"]) == (
+        "your run", provenance["device"], provenance["date"])
+    assert yours["chapter03"]["device"] == provenance["device"]
+
+
+def test_pages_render_calibration_and_alpha_range_from_results(monkeypatch):
+    r09 = json.loads((REPO / "figures/chapter09/results.json").read_text())
+    r09["prediction"]["model"]["device"] = "SENTINEL-CPU"
+    r09["where_it_pays"]["verdict"]["1B"]["h100"]["ib-ndr"]["alpha_text"] = "SENTINEL range"
+    page = render_page("09-compression.md", r09, "09", monkeypatch)
+    assert "measured on\nSENTINEL-CPU on" in page
+    assert "(SENTINEL range)" in page
+    r10 = json.loads((REPO / "figures/chapter10/results.json").read_text())
+    r10["calibration"]["chapter05"]["device"] = "SENTINEL-05"
+    r10["links"]["ib-ndr"]["alpha_us"] = 99.5
+    page = render_page("10-many-nodes.md", r10, "10", monkeypatch)
+    assert "measured on SENTINEL-05 on" in page
+    assert "| 50 GB/s per port | 99.5 µs |" in page

@@ -30,31 +30,39 @@ REPO = Path(__file__).resolve().parents[2]
 
 @dataclass(frozen=True)
 class Link:
-    """One class of link: bandwidth per direction per port (GB/s), per-message cost (µs)."""
+    """One class of link: bandwidth per direction per port (GB/s), per-message cost (µs), and
+    the range of per-message costs the cited source allows (µs, low to high)."""
 
     name: str
     gbytes_per_s: float
     alpha_us: float
     source: str
+    alpha_range_us: tuple[float, float]
 
 
 # The book's one link table (chapters 09 and 10 and their pages read it from here).
-# β: vendor line rates per direction, cited per link.  α: one message's cost, an assumption of
-# the right order, not a measurement (the pages say so).  NVLink: NCCL's own tuning table
-# (nccl src/graph/tuning.cc, ``hwLat``) charges 3.4 µs per ring step on NVLink with the Simple
-# protocol.  InfiniBand: about 1 µs verbs latency (ConnectX-6/-7 product briefs) plus NCCL's
-# proxy thread, a few µs in the same table's network row.  Ethernet: TCP through the kernel's
-# socket stack, tens of µs per small message (NCCL and gloo both use plain sockets there).
+# β: vendor line rates per direction, cited per link.  α: one ring step's latency in NCCL's own
+# cost model, for every row the same algorithm and protocol, Ring with Simple (the protocol of
+# highest bandwidth, which NCCL's tuner favours for large messages): ``hwLat`` in nccl
+# src/graph/tuning.cc.  NVLink's entry is 3.4 µs
+# in every NCCL version read; the network row's ("NET", InfiniBand and sockets alike) is 14.0 µs
+# in current NCCL and 9.6 µs in older releases, so α's range there is 9.6-14 µs.  Ethernet adds
+# the kernel's TCP stack on top of NCCL's 14 µs, assumed: tens of µs per small message.
+NET_ALPHA_RANGE_US = (9.6, 14.0)
 LINKS = {
-    "nvlink4": Link("NVLink 4 (H100 SXM)", 450.0, 3.0,
-                    "NVIDIA H100 datasheet: NVLink 900 GB/s per GPU, both directions"),
-    "ib-hdr": Link("InfiniBand HDR 200 Gb/s", 25.0, 5.0,
-                   "NVIDIA ConnectX-6 / Quantum: HDR 200 Gb/s per port"),
-    "ib-ndr": Link("InfiniBand NDR 400 Gb/s", 50.0, 5.0,
-                   "NVIDIA ConnectX-7 / Quantum-2: NDR 400 Gb/s per port"),
-    "eth-10g": Link("Ethernet 10 GbE", 1.25, 30.0, "IEEE 802.3: 10 Gb/s line rate"),
-    "eth-25g": Link("Ethernet 25 GbE", 3.125, 25.0, "IEEE 802.3by: 25 Gb/s line rate"),
-    "eth-100g": Link("Ethernet 100 GbE", 12.5, 20.0, "IEEE 802.3: 100 Gb/s line rate"),
+    "nvlink4": Link("NVLink 4 (H100 SXM)", 450.0, 3.4,
+                    "NVIDIA H100 datasheet: NVLink 900 GB/s per GPU, both directions",
+                    (3.4, 3.4)),
+    "ib-hdr": Link("InfiniBand HDR 200 Gb/s", 25.0, 14.0,
+                   "NVIDIA ConnectX-6 / Quantum: HDR 200 Gb/s per port", NET_ALPHA_RANGE_US),
+    "ib-ndr": Link("InfiniBand NDR 400 Gb/s", 50.0, 14.0,
+                   "NVIDIA ConnectX-7 / Quantum-2: NDR 400 Gb/s per port", NET_ALPHA_RANGE_US),
+    "eth-10g": Link("Ethernet 10 GbE", 1.25, 30.0, "IEEE 802.3: 10 Gb/s line rate",
+                    (NET_ALPHA_RANGE_US[0], 30.0)),
+    "eth-25g": Link("Ethernet 25 GbE", 3.125, 25.0, "IEEE 802.3by: 25 Gb/s line rate",
+                    (NET_ALPHA_RANGE_US[0], 25.0)),
+    "eth-100g": Link("Ethernet 100 GbE", 12.5, 20.0, "IEEE 802.3: 100 Gb/s line rate",
+                     (NET_ALPHA_RANGE_US[0], 20.0)),
 }
 
 
@@ -152,11 +160,22 @@ def chapter03_fit(root: Path) -> dict | None:
     fast = r.get("time_ms", {}).get("native", {})       # the p10 calls the fit uses
     cal["median_over_fit"] = {size: typical[size] / fast[size]
                               for size in fast if size in typical and fast[size] > 0}
-    where = path.resolve()
-    source = where.relative_to(REPO) if where.is_relative_to(REPO) else where
     provenance = r.get("provenance", {})
     return {**cal, "world_size": provenance.get("world_size"),
-            "measured": provenance.get("date"), "source": str(source)}
+            "measured": provenance.get("date"), "device": provenance.get("device"),
+            "run": run_label(root), "source": shown_path(path)}
+
+
+def run_label(root: Path) -> str:
+    """Whose results ``root`` holds, in words: the committed figures or the reader's run."""
+    committed = Path(root).resolve() == (REPO / "figures").resolve()
+    return "the committed run" if committed else "your run"
+
+
+def shown_path(path: Path) -> str:
+    """``path`` relative to the repository when it is inside it (as a page shows it)."""
+    where = Path(path).resolve()
+    return str(where.relative_to(REPO) if where.is_relative_to(REPO) else where)
 
 
 # --8<-- [start:step]

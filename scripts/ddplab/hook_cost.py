@@ -110,15 +110,11 @@ def h100_compute_s(numel: float, rank: int) -> dict:
 def where_it_pays(hooks: dict, params: int, world: int, loopback: dict | None,
                   rank: int) -> dict:
     """Speed-up of each hook's reduction over plain fp32 averaging, per link and model, and
-    per model and compute the verdict: on which links each hook pays, and the best one."""
+    per model and compute the verdict: on which links each hook pays, and the best one; and
+    whether each link's verdict holds across the range of α its source allows."""
     big = billion_model(rank)
-    links = {key: {"alpha_s": link.alpha_us * 1e-6, "bytes_per_s": link.gbytes_per_s * 1e9,
-                   "name": link.name}
-             for key, link in sorted(LINKS.items(), key=lambda kv: kv[1].gbytes_per_s)}
-    if loopback is not None:
-        links = {"loopback": {"alpha_s": loopback["alpha_s"],
-                              "bytes_per_s": loopback["bytes_per_s"],
-                              "name": "loopback (chapter 03)"}, **links}
+    links = link_rows(lambda link: link.alpha_us, loopback)
+    low = link_rows(lambda link: link.alpha_range_us[0], loopback)
     cpu_s_per_byte = {h: hooks[h]["compute_ms"] * 1e-3 / (params * 4) for h in hooks}
     # PowerSGD on the 1 B model: torch's hook makes three all-reduces per bucket (the
     # uncompressed tensors', even when there are none, then P's and Q's).
@@ -132,6 +128,28 @@ def where_it_pays(hooks: dict, params: int, world: int, loopback: dict | None,
                "calls": {h: big["buckets"] * (3 if h == "powersgd" else 1) for h in hooks},
                "compute_cpu": {h: cpu_s_per_byte[h] * big["parameters"] * 4 for h in hooks}},
     }
+    table = speedups(models, links, world, rank)
+    verdict = verdicts(table, links)
+    add_alpha_sensitivity(verdict, verdicts(speedups(models, low, world, rank), low), links, low)
+    return {"world_size": world, "rank": rank, "links": links, "billion": big,
+            "speedup": table, "verdict": verdict}
+
+
+def link_rows(alpha_us, loopback: dict | None) -> dict:
+    """The link table as the model reads it, α chosen by ``alpha_us(link)``; loopback first
+    (chapter 03's fit: one measured α, no range), when there is a fit."""
+    links = {key: {"alpha_s": alpha_us(link) * 1e-6, "bytes_per_s": link.gbytes_per_s * 1e9,
+                   "name": link.name}
+             for key, link in sorted(LINKS.items(), key=lambda kv: kv[1].gbytes_per_s)}
+    if loopback is None:
+        return links
+    return {"loopback": {"alpha_s": loopback["alpha_s"], "bytes_per_s": loopback["bytes_per_s"],
+                         "name": "loopback (chapter 03)"}, **links}
+
+
+def speedups(models: dict, links: dict, world: int, rank: int) -> dict:
+    """Per model and link: each hook's speed-up over plain averaging, with this CPU's compute
+    and with an H100's, and plain averaging's time."""
     table = {}
     for model_name, mdl in models.items():
         compute = {"cpu": mdl["compute_cpu"], "h100": h100_compute_s(mdl["bytes"] / 4, rank)}
@@ -145,8 +163,25 @@ def where_it_pays(hooks: dict, params: int, world: int, loopback: dict | None,
                                                              link, mdl["calls"][h])
                 row[f"none_ms_{where}"] = base * 1e3
             table.setdefault(model_name, {})[link_name] = row
-    return {"world_size": world, "rank": rank, "links": links, "billion": big,
-            "speedup": table, "verdict": verdicts(table, links)}
+    return table
+
+
+def add_alpha_sensitivity(verdict: dict, at_low: dict, links: dict, low: dict) -> None:
+    """Beside each link's verdict (at the table's α, the top of its range): whether the verdict
+    is the same at the bottom of the range, in words."""
+    for model_name, per_compute in verdict.items():
+        for where, per_link in per_compute.items():
+            for link_name in links:
+                high, other = per_link[link_name], at_low[model_name][where][link_name]
+                lo, hi = low[link_name]["alpha_s"] * 1e6, links[link_name]["alpha_s"] * 1e6
+                same = (high["best_hook"] == other["best_hook"]
+                        and (high["speedup"] > 1) == (other["speedup"] > 1))
+                high["alpha_holds"] = same
+                high["alpha_text"] = (
+                    f"α {hi:.3g} µs, measured" if link_name == "loopback" else
+                    f"α {hi:.3g} µs; its source gives no range" if lo == hi else
+                    f"the same for α from {lo:.3g} to {hi:.3g} µs" if same else
+                    f"at α {lo:.3g} µs instead: {other['text']}")
 
 
 def verdicts(table: dict, links: dict) -> dict:

@@ -17,7 +17,9 @@ are.  The first ``start_iter`` steps use plain averaging, as torch's ``start_pow
 
 With a GradScaler one overflow would end training: error feedback would keep the inf (as NaN)
 in the residual and the warm start in Q, so every later step would be non-finite and skipped.
-torch 2.13's ``powerSGD_hook`` stores both unconditionally; this one forgets them instead.
+torch 2.13's ``powerSGD_hook`` stores both unconditionally; this one forgets them instead, and
+on a step that overflowed in any bucket it drops every bucket's residual: the scaler skips the
+whole step and halves its scale, so a residual kept from it would be twice too large.
 
 Written to be read, so it waits for each all-reduce in turn (torch chains futures instead);
 it draws its random start and orders its matrices as torch does, so that the two agree.
@@ -43,6 +45,7 @@ class PowerSGDState:
     min_compression_rate: float = 2.0   # compress only if n·m > rate · r(n + m) (torch's rule)
     group: dist.ProcessGroup | None = None
     iter: int = 0
+    overflowed: bool = False            # a bucket of this backward pass was non-finite
     error: dict[int, torch.Tensor] = field(default_factory=dict)    # per bucket: what was lost
     q_memory: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # per bucket: warm Qs
 
@@ -68,6 +71,9 @@ def split(gradients: list[torch.Tensor], state: PowerSGDState):
     by_shape: dict[torch.Size, list[torch.Tensor]] = defaultdict(list)
     plain = []
     for grad in gradients:
+        if grad.dim() < 2:              # scalars and vectors: nothing to gain (torch's rule too)
+            plain.append(grad)
+            continue
         matrix = grad.view(grad.shape[0], -1)
         n, m = matrix.shape
         r = min(n, m, state.rank)
@@ -117,14 +123,14 @@ def powersgd_hook(state: PowerSGDState, bucket):  # returns a Future
     for q in qs:
         orthogonalize(q)
     ps = [matmul(m, q) for m, q in zip(matrices, qs, strict=True)]  # P = M Q
-    flat_p = torch.cat([p.reshape(-1) for p in ps])
+    flat_p = flatten(ps, buffer)
     dist.all_reduce(flat_p, group=group)                           # sum of the ranks' Ps
     ps = [p.view(m.shape[0], -1) for p, m in zip(unflatten(flat_p, ps), matrices, strict=True)]
     for p in ps:
         orthogonalize(p)
     for m, p, q in zip(matrices, ps, qs, strict=True):
         q.copy_(matmul(m.t(), p))                                  # Q = Mᵀ P
-    flat_q = average(torch.cat([q.reshape(-1) for q in qs]), group)
+    flat_q = average(flatten(qs, buffer), group)
     for m, p, q, avg_q in zip(matrices, ps, qs, unflatten(flat_q, qs), strict=True):
         q.copy_(avg_q.view_as(q))                                  # kept: the warm start
         m.copy_(matmul(p, q.t()))                                  # M ≈ P Qᵀ, into the bucket
@@ -132,6 +138,7 @@ def powersgd_hook(state: PowerSGDState, bucket):  # returns a Future
         state.error[key] = before - buffer                         # what the rank r missed
     else:                   # an overflow (seen by every rank: P and Q are all-reduced)
         forget(state, key)  # the scaler skips this step; keep no inf/NaN for the next
+    end_of_step(state, bucket)  # after the last bucket: one overflow anywhere, no residuals
     return completed(buffer)
 # --8<-- [end:powersgd]
 
@@ -139,11 +146,30 @@ def powersgd_hook(state: PowerSGDState, bucket):  # returns a Future
 # --8<-- [start:forget]
 def forget(state: PowerSGDState, key: int) -> None:
     """After a non-finite gradient, drop the residual and the warm-start Q: both would hold
-    inf/NaN from now on, and every later step would be skipped.  The residual is in the
-    scaler's units anyway, and the scaler is about to halve its scale."""
+    inf/NaN from now on, and every later step would be skipped."""
     state.error.pop(key, None)
     state.q_memory.pop(key, None)
+    state.overflowed = True
+
+
+def end_of_step(state: PowerSGDState, bucket) -> None:
+    """After the last bucket: if any bucket overflowed, the scaler skips the whole step and
+    halves its scale, so the other buckets' residuals (in the old scale's units, for a step
+    that never happens) go too.  Their Qs stay: a warm start has no scale."""
+    if not bucket.is_last():
+        return
+    if state.overflowed:
+        state.error.clear()
+    state.overflowed = False
 # --8<-- [end:forget]
+
+
+def flatten(tensors: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """One flat tensor of ``tensors``; an empty one (of ``like``'s dtype and device) when a
+    bucket has no matrix worth compressing, so every rank still makes the same calls."""
+    if not tensors:
+        return like.new_empty(0)
+    return torch.cat([t.reshape(-1) for t in tensors])
 
 
 def average_whole(tensors: list[torch.Tensor], group) -> None:
