@@ -14,6 +14,7 @@ from collective_workers import chapter02
 from conftest import REPO
 
 from ddplab import data_parallel_report
+from ddplab.ring_report import per_call_costs
 from ddplab.ring_report import verdicts as ring_verdicts
 from figures.chapter03 import label_bytes
 
@@ -89,36 +90,86 @@ def test_where_naive_is_fastest_faster_and_slower_follows_the_run(render_page):
     assert f"fastest of the three at 4 KiB to {label_bytes(sizes[-1])}" in first
 
 
-def test_the_ring_alpha_gap_to_naive_and_what_the_relay_explains_follow_the_run(render_page):
+def test_a_naive_time_equal_to_the_ring_s_is_a_tie_not_slower(render_page):
+    sizes = committed("03")["sizes_bytes"]
+    m = ring_results({(name, s): 1.0 for s in sizes for name in ("ring", "native", "naive")})
+    v = m["verdicts"]["naive"]
+    assert v["tied_at"] == sizes and v["slower_at"] == [] and v["faster_at"] == []
+    assert v["fastest_text"] == "was the fastest of the three at no size"
+    assert (f"as fast as the ring at 4 KiB to {label_bytes(sizes[-1])} (1.00× its time)"
+            in render_page(PAGE_03, "03", m))
+
+
+def test_page_03_renders_the_run_s_world_size(render_page):
+    m = ring_results()
+    m["correctness"]["world_size"] = 4
+    assert "In this run, at 4 ranks, the naive version" in render_page(PAGE_03, "03", m)
+
+
+def test_the_ring_alpha_gap_to_naive_follows_the_run_and_claims_no_share(render_page):
     m = ring_results()
     m["alpha_beta"]["naive"]["alpha_us"] = m["alpha_beta"]["ring"]["alpha_us"] - 100.0
-    m["per_call"]["once_per_call_ms"] = 0.1
     m["verdicts"] = ring_verdicts(m, label_bytes)
     gap = m["verdicts"]["alpha_gap_to_naive"]
     messages = m["per_call"]["messages"]
     assert gap["gap_ms"] == pytest.approx(messages * 0.1)
-    assert gap["explained_share"] == pytest.approx(0.1 / (messages * 0.1))
+    assert f"{messages * 0.1:.3f} ms above the naive one's" in gap["text"]
+    assert "explains" not in gap["text"] and "This run does not split that" in gap["text"]
     assert gap["text"] in render_page(PAGE_03, "03", m)
-    m["alpha_beta"]["naive"]["alpha_us"] = m["alpha_beta"]["ring"]["alpha_us"] + 1.0
-    m["verdicts"] = ring_verdicts(m, label_bytes)
-    assert "so there is no gap to explain" in render_page(PAGE_03, "03", m)
+    for above in (1.0, 0.0):  # a gap of the other sign, and a tie
+        m["alpha_beta"]["naive"]["alpha_us"] = m["alpha_beta"]["ring"]["alpha_us"] + above
+        m["verdicts"] = ring_verdicts(m, label_bytes)
+        assert "so there is no gap to explain" in render_page(PAGE_03, "03", m)
 
 
-def test_the_bandwidth_gap_and_the_per_message_share_follow_the_run(render_page):
+def test_a_message_dearer_than_an_empty_call_leaves_no_negative_once_per_call_cost(render_page):
     m = ring_results()
-    m["alpha_beta"]["ring"]["beta_gbps"] = 1.0
-    m["alpha_beta"]["native"]["beta_gbps"] = 2.0
+    fit = m["alpha_beta"]["ring"]
+    world = m["correctness"]["world_size"]
+    m["segments"]["extra_ms_per_message"] = fit["alpha_us"] * 1e-3 * 2  # twice one α
+    m["per_call"] = per_call_costs(fit, m["segments"], world)
+    assert m["per_call"]["once_per_call_ms"] is None and m["per_call"]["rest_ms"] < 0
     m["verdicts"] = ring_verdicts(m, label_bytes)
-    v = m["verdicts"]["bandwidth_gap"]
-    largest, world = m["largest"]["size_bytes"], m["provenance"]["world_size"]
-    gap_ms = 2 * (world - 1) / world * largest * 1e-6 * (1 / 1.0 - 1 / 2.0)
-    assert v["ratio"] == pytest.approx(2.0) and v["gap_ms_largest"] == pytest.approx(gap_ms)
-    assert v["explained_share"] == pytest.approx(v["per_message_ms"] / gap_ms)
     page = render_page(PAGE_03, "03", m)
-    assert "gloo's fitted 1/β is 2.00× the ring's" in page
-    m["alpha_beta"]["native"]["beta_gbps"] = 1.5
+    assert "cost more than the whole empty call" in page and "paid once per call —" not in page
+    m["segments"]["extra_ms_per_message"] = None
+    m["per_call"] = per_call_costs(fit, m["segments"], world)
+    assert "measured no cost per message" in ring_verdicts(m, label_bytes)["once_per_call"]
+
+
+def test_the_bandwidth_verdict_compares_the_fits_with_what_was_measured(render_page):
+    largest = committed("03")["largest"]["size_bytes"]
+    for ring_ms, verb in ((1.0, "faster than"), (4.0, "slower than"), (2.0, "as fast as")):
+        m = ring_results({("ring", largest): ring_ms, ("native", largest): 2.0})
+        m["alpha_beta"]["ring"]["beta_gbps"] = 1.0
+        m["alpha_beta"]["native"]["beta_gbps"] = 2.0
+        m["verdicts"] = ring_verdicts(m, label_bytes)
+        v = m["verdicts"]["bandwidth_gap"]
+        assert v["ring_at_largest"] == verb and v["ratio"] == pytest.approx(2.0)
+        page = render_page(PAGE_03, "03", m)
+        assert "gloo's fitted 1/β is 2.00× the ring's" in page
+        assert f"the ring was {verb} gloo" in page
+        assert ("the fitted difference is not a measured one" in page) == (verb != "slower than")
+        assert "explains" not in v["text"]
+    m["alpha_beta"]["native"]["beta_gbps"] = 0.5  # the ring's fit the faster one
     m["verdicts"] = ring_verdicts(m, label_bytes)
-    assert "gloo's fitted 1/β is 1.50× the ring's" in render_page(PAGE_03, "03", m)
+    page = render_page(PAGE_03, "03", m)
+    assert "the ring's fitted 1/β is 2.00× gloo's" in page
+    assert "not a measured one" not in page
+    m["alpha_beta"]["native"]["beta_gbps"] = None  # no bandwidth term fitted
+    assert "fitted no bandwidth term" in ring_verdicts(m, label_bytes)["bandwidth_gap"]["text"]
+
+
+def test_the_sizes_where_the_ring_s_busbw_is_below_gloo_s_follow_the_run(render_page):
+    sizes = committed("03")["sizes_bytes"]
+    even = {(name, s): 1.0 for s in sizes for name in ("ring", "native")}
+    m = ring_results(even)
+    assert m["verdicts"]["bandwidth_gap"]["below_at"] == []
+    page = render_page(PAGE_03, "03", m)
+    assert "below gloo's at no size" in page and "does not split the measured gap" not in page
+    m = ring_results(even | {("ring", 2 * MiB): 2.0})
+    assert m["verdicts"]["bandwidth_gap"]["below_at"] == [2 * MiB]
+    assert "below gloo's at 2 MiB (0.50× of it)" in render_page(PAGE_03, "03", m)
 
 
 def test_the_best_segment_is_judged_against_the_run_s_own_noise(render_page):
@@ -146,7 +197,9 @@ def test_what_the_size_check_costs_follows_the_run(render_page):
 
 def test_alpha_sentence_follows_which_alpha_is_smaller(render_page):
     m = ring_results()
-    for naive_alpha, expected in ((10.0, "its α is below gloo's"), (1e4, "no lower than gloo's")):
+    gloo = m["alpha_beta"]["native"]["alpha_us"]
+    for naive_alpha, expected in ((10.0, "its α is below gloo's"), (1e4, "no lower than gloo's"),
+                                  (gloo, "no lower than gloo's")):
         m["alpha_beta"]["naive"]["alpha_us"] = naive_alpha
         m["verdicts"] = ring_verdicts(m, label_bytes)
         assert expected in render_page(PAGE_03, "03", m)
