@@ -14,6 +14,7 @@ from collective_workers import chapter02
 from conftest import REPO
 
 from ddplab import data_parallel_report
+from ddplab.bucket_sweep_report import sweep_verdict
 from ddplab.ring_report import per_call_costs
 from ddplab.ring_report import verdicts as ring_verdicts
 from figures.chapter03 import label_bytes
@@ -21,6 +22,7 @@ from figures.chapter03 import label_bytes
 MiB = 2**20
 PAGE_03 = (REPO / "docs" / "chapters" / "03-ring-allreduce.md").read_text()
 PAGE_05 = (REPO / "docs" / "chapters" / "05-data-parallel.md").read_text()
+PAGE_04 = (REPO / "docs" / "chapters" / "04-hooks.md").read_text()
 PAGE_02 = (REPO / "docs" / "chapters" / "02-collectives.md").read_text()
 
 
@@ -305,3 +307,42 @@ def test_what_gloo_s_copies_explain_of_the_flat_reduce_scatter_follows_the_run(r
     r["verdicts"] = {"reduce_scatter_flat": ch02.flat_reduce_scatter_verdict(times, "gloo")}
     assert "0.88× as long as the all-reduce of the same tensor, no longer than it" in \
         render_page(PAGE_02, "02", r)
+
+
+def sweep_point(cap: float, buckets: int, ms: float) -> dict:
+    return {"bucket_cap_mb": cap, "step_time_ms": {"bucketed": ms, "native": ms},
+            "buckets": {"bucketed": buckets, "native": buckets}}
+
+
+def test_the_bucket_sweep_is_read_against_its_own_noise(render_page):
+    r = copy.deepcopy(committed("04"))
+    many = [sweep_point(0.25, 9, 40.0), sweep_point(0.5, 9, 41.0)]  # 1 ms of noise
+    one = [sweep_point(16, 1, 30.0), sweep_point(32, 1, 30.5)]
+    for middle_ms, many_words, one_words in (
+            (30.2, "slower than every other cap, by at least 9.5 ms",
+             "not apart from every cap in between by more than that noise"),
+            (35.0, "slower than every other cap, by at least 5.0 ms",
+             "faster than every cap in between, by at least 4.5 ms"),
+            (20.0, "slower than every other cap, by at least 9.5 ms",
+             "slower than every cap in between, by at least 10.0 ms")):
+        points = [*many, sweep_point(4, 3, middle_ms), *one]
+        r["bucket_sweep"]["verdict"] = {kind: sweep_verdict(points, kind)
+                                        for kind in ("bucketed", "native")}
+        page = render_page(PAGE_04, "04", r)
+        assert "spread by up to 1.0 ms, the sweep's own noise" in page
+        most = "the steps with the most buckets (9, caps 0.25 to 0.5 MiB) were "
+        assert most + many_words in page
+        assert f"those with the fewest (1, caps 16 to 32 MiB) were {one_words}" in page
+
+
+def test_a_bucket_sweep_without_repeated_layouts_claims_no_reading():
+    points = [sweep_point(1, 3, 30.0), sweep_point(4, 2, 50.0), sweep_point(16, 1, 31.0)]
+    v = sweep_verdict(points, "bucketed")
+    assert v["noise_ms"] is None and "does not read its curve" in v["text"]
+    same = sweep_verdict([sweep_point(16, 1, 30.0), sweep_point(32, 1, 33.0)], "bucketed")
+    assert same["noise_ms"] == pytest.approx(3.0) and "every cap made the same buckets" in \
+        same["text"]
+    two_ends = sweep_verdict([sweep_point(1, 3, 30.0), sweep_point(2, 3, 30.1),
+                              sweep_point(16, 1, 29.0)], "bucketed")
+    assert "cap in between" not in two_ends["text"]  # no middle: one comparison, not two
+    assert "slower than every other cap, by at least 1.0 ms" in two_ends["text"]
