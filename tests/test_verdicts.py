@@ -362,3 +362,13 @@ def test_a_bucket_sweep_without_repeated_layouts_claims_no_reading():
                               sweep_point(16, 1, 29.0)], "bucketed")
     assert "cap in between" not in two_ends["text"]  # no middle: one comparison, not two
     assert "slower than every other cap, by at least 1.0 ms" in two_ends["text"]
+
+
+def test_the_gap_accounting_handles_causes_beyond_the_gap_and_a_run_without_stall_times():
+    r = dp_results(small_allreduce_ms=100.0, small_allreduce_mean_ms=100.0)
+    text = r["verdicts"]["gap_to_native"]["text"]
+    assert "account for all of it and more" in text and "%)" not in text.split(":")[0]
+    r = dp_results()
+    del r["why_naive_is_slower"]["small_allreduce_mean_ms"]
+    gap = data_parallel_report.verdicts(r)["gap_to_native"]
+    assert gap["stalls_ms"] is None and "did not time the stalls" in gap["text"]

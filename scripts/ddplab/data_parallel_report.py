@@ -95,8 +95,9 @@ def gap_to_native(r: dict, overlap: dict) -> dict:
     messages = extra_calls * why["small_allreduce_ms"]
     below_serial = overlap["serial_step_ms"] - overlap["native_step_ms"]
     explained = messages + below_serial
-    stalls = extra_calls * (why["small_allreduce_mean_ms"] - why["small_allreduce_ms"])
-    left = gap - explained - stalls
+    mean = why.get("small_allreduce_mean_ms")  # a run from before it was recorded has none
+    stalls = extra_calls * (mean - why["small_allreduce_ms"]) if mean is not None else None
+    left = gap - explained - (stalls or 0.0)
     parts = {"gap": gap, "explained": explained, "messages": messages,
              "below_serial": below_serial, "stalls": stalls, "left": left}
     return {"gap_ms": gap, "extra_calls": extra_calls, "messages_ms": messages,
@@ -112,16 +113,21 @@ def gap_text(ms: dict, extra_calls: int) -> str:
     if gap <= 0:
         return (f"in this run NaiveDDP's step was not longer than native DDP's "
                 f"({gap:+.1f} ms), so there is no gap to explain")
-    share = (f"explain {ms['explained']:.1f} ms ({ms['explained'] / gap:.0%})"
-             if ms["explained"] > 0 else
-             f"explain none of it (together {ms['explained']:+.1f} ms)")
+    share = (f"explain none of it (together {ms['explained']:+.1f} ms)"
+             if ms["explained"] <= 0 else
+             f"account for all of it and more ({ms['explained']:.1f} ms)"
+             if ms["explained"] >= gap else
+             f"explain {ms['explained']:.1f} ms ({ms['explained'] / gap:.0%})")
     text = (f"of the {gap:.1f} ms by which NaiveDDP's step was longer, the two named causes "
             f"{share}: "
             f"{ms['messages']:.1f} ms for its {extra_calls} extra messages and "
             f"{ms['below_serial']:+.1f} ms for overlap (native DDP's serial estimate minus its "
             f"step: overlap's saving, net of native's copies into and out of its buckets, "
-            f"which NaiveDDP does not make). The stalls that lone all-reduces met on this "
-            f"machine (their mean instead of their median) would add {ms['stalls']:.1f} ms")
+            f"which NaiveDDP does not make)")
+    text += (". This run did not time the stalls that lone all-reduces meet"
+             if ms["stalls"] is None else
+             f". The stalls that lone all-reduces met on this machine (their mean instead of "
+             f"their median) would add {ms['stalls']:.1f} ms")
     if ms["left"] > 0:
         return text + f"; the other {ms['left']:.1f} ms ({ms['left'] / gap:.0%}) this run " \
                       f"does not attribute"
