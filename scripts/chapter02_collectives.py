@@ -284,6 +284,17 @@ def time_collectives(ctx: ddplab.RankContext, nbytes: int) -> dict[str, float]:
     return {name: timing.slowest_rank(timing.median(s)) for name, s in samples.items()}
 
 
+def copies_against_extra(copies: float, extra: float) -> str:
+    """The copies' time as a share of the excess, or, when they took as long or longer, that
+    they cover it (timed alone, they need not add up inside the collective)."""
+    if f"{copies:.2f}" == f"{extra:.2f}":
+        return "as long as that excess"
+    if copies > extra:
+        return "more than that excess: timed alone they cover it all"
+    return (f"{copies / extra:.0%} of that; the other {extra - copies:.2f} ms this run does "
+            f"not attribute")
+
+
 def flat_reduce_scatter_verdict(time_ms: dict, backend: str) -> dict:
     """The flat reduce-scatter against the all-reduce of the same tensor, and how much of the
     difference gloo's copies around its all-reduce (timed alone) explain."""
@@ -296,11 +307,8 @@ def flat_reduce_scatter_verdict(time_ms: dict, backend: str) -> dict:
     elif extra <= 0:
         text += ", no longer than it"
     else:
-        explained = min(copies, extra)
         text += (f", {extra:.2f} ms more: the clone and the copy out, timed alone, take "
-                 f"{copies:.2f} ms, {explained / extra:.0%} of that"
-                 + (f"; the other {extra - copies:.2f} ms this run does not attribute"
-                    if copies < extra else ""))
+                 f"{copies:.2f} ms, " + copies_against_extra(copies, extra))
     return {"ratio": ratio, "extra_ms": extra, "copies_ms": copies, "text": text}
 
 

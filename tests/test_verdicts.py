@@ -14,12 +14,15 @@ from collective_workers import chapter02
 from conftest import REPO
 
 from ddplab import data_parallel_report
+from ddplab.bucket_sweep_report import sweep_verdict
+from ddplab.ring_report import per_call_costs
 from ddplab.ring_report import verdicts as ring_verdicts
 from figures.chapter03 import label_bytes
 
 MiB = 2**20
 PAGE_03 = (REPO / "docs" / "chapters" / "03-ring-allreduce.md").read_text()
 PAGE_05 = (REPO / "docs" / "chapters" / "05-data-parallel.md").read_text()
+PAGE_04 = (REPO / "docs" / "chapters" / "04-hooks.md").read_text()
 PAGE_02 = (REPO / "docs" / "chapters" / "02-collectives.md").read_text()
 
 
@@ -89,36 +92,86 @@ def test_where_naive_is_fastest_faster_and_slower_follows_the_run(render_page):
     assert f"fastest of the three at 4 KiB to {label_bytes(sizes[-1])}" in first
 
 
-def test_the_ring_alpha_gap_to_naive_and_what_the_relay_explains_follow_the_run(render_page):
+def test_a_naive_time_equal_to_the_ring_s_is_a_tie_not_slower(render_page):
+    sizes = committed("03")["sizes_bytes"]
+    m = ring_results({(name, s): 1.0 for s in sizes for name in ("ring", "native", "naive")})
+    v = m["verdicts"]["naive"]
+    assert v["tied_at"] == sizes and v["slower_at"] == [] and v["faster_at"] == []
+    assert v["fastest_text"] == "was the fastest of the three at no size"
+    assert (f"as fast as the ring at 4 KiB to {label_bytes(sizes[-1])} (1.00× its time)"
+            in render_page(PAGE_03, "03", m))
+
+
+def test_page_03_renders_the_run_s_world_size(render_page):
+    m = ring_results()
+    m["correctness"]["world_size"] = 4
+    assert "In this run, at 4 ranks, the naive version" in render_page(PAGE_03, "03", m)
+
+
+def test_the_ring_alpha_gap_to_naive_follows_the_run_and_claims_no_share(render_page):
     m = ring_results()
     m["alpha_beta"]["naive"]["alpha_us"] = m["alpha_beta"]["ring"]["alpha_us"] - 100.0
-    m["per_call"]["once_per_call_ms"] = 0.1
     m["verdicts"] = ring_verdicts(m, label_bytes)
     gap = m["verdicts"]["alpha_gap_to_naive"]
     messages = m["per_call"]["messages"]
     assert gap["gap_ms"] == pytest.approx(messages * 0.1)
-    assert gap["explained_share"] == pytest.approx(0.1 / (messages * 0.1))
+    assert f"{messages * 0.1:.3f} ms above the naive one's" in gap["text"]
+    assert "explains" not in gap["text"] and "This run does not split that" in gap["text"]
     assert gap["text"] in render_page(PAGE_03, "03", m)
-    m["alpha_beta"]["naive"]["alpha_us"] = m["alpha_beta"]["ring"]["alpha_us"] + 1.0
-    m["verdicts"] = ring_verdicts(m, label_bytes)
-    assert "so there is no gap to explain" in render_page(PAGE_03, "03", m)
+    for above in (1.0, 0.0):  # a gap of the other sign, and a tie
+        m["alpha_beta"]["naive"]["alpha_us"] = m["alpha_beta"]["ring"]["alpha_us"] + above
+        m["verdicts"] = ring_verdicts(m, label_bytes)
+        assert "so there is no gap to explain" in render_page(PAGE_03, "03", m)
 
 
-def test_the_bandwidth_gap_and_the_per_message_share_follow_the_run(render_page):
+def test_a_message_dearer_than_an_empty_call_leaves_no_negative_once_per_call_cost(render_page):
     m = ring_results()
-    m["alpha_beta"]["ring"]["beta_gbps"] = 1.0
-    m["alpha_beta"]["native"]["beta_gbps"] = 2.0
+    fit = m["alpha_beta"]["ring"]
+    world = m["correctness"]["world_size"]
+    m["segments"]["extra_ms_per_message"] = fit["alpha_us"] * 1e-3 * 2  # twice one α
+    m["per_call"] = per_call_costs(fit, m["segments"], world)
+    assert m["per_call"]["once_per_call_ms"] is None and m["per_call"]["rest_ms"] < 0
     m["verdicts"] = ring_verdicts(m, label_bytes)
-    v = m["verdicts"]["bandwidth_gap"]
-    largest, world = m["largest"]["size_bytes"], m["provenance"]["world_size"]
-    gap_ms = 2 * (world - 1) / world * largest * 1e-6 * (1 / 1.0 - 1 / 2.0)
-    assert v["ratio"] == pytest.approx(2.0) and v["gap_ms_largest"] == pytest.approx(gap_ms)
-    assert v["explained_share"] == pytest.approx(v["per_message_ms"] / gap_ms)
     page = render_page(PAGE_03, "03", m)
-    assert "gloo's fitted 1/β is 2.00× the ring's" in page
-    m["alpha_beta"]["native"]["beta_gbps"] = 1.5
+    assert "cost more than the whole empty call" in page and "paid once per call —" not in page
+    m["segments"]["extra_ms_per_message"] = None
+    m["per_call"] = per_call_costs(fit, m["segments"], world)
+    assert "measured no cost per message" in ring_verdicts(m, label_bytes)["once_per_call"]
+
+
+def test_the_bandwidth_verdict_compares_the_fits_with_what_was_measured(render_page):
+    largest = committed("03")["largest"]["size_bytes"]
+    for ring_ms, verb in ((1.0, "faster than"), (4.0, "slower than"), (2.0, "as fast as")):
+        m = ring_results({("ring", largest): ring_ms, ("native", largest): 2.0})
+        m["alpha_beta"]["ring"]["beta_gbps"] = 1.0
+        m["alpha_beta"]["native"]["beta_gbps"] = 2.0
+        m["verdicts"] = ring_verdicts(m, label_bytes)
+        v = m["verdicts"]["bandwidth_gap"]
+        assert v["ring_at_largest"] == verb and v["ratio"] == pytest.approx(2.0)
+        page = render_page(PAGE_03, "03", m)
+        assert "gloo's fitted 1/β is 2.00× the ring's" in page
+        assert f"the ring was {verb} gloo" in page
+        assert ("the fitted difference is not a measured one" in page) == (verb != "slower than")
+        assert "explains" not in v["text"]
+    m["alpha_beta"]["native"]["beta_gbps"] = 0.5  # the ring's fit the faster one
     m["verdicts"] = ring_verdicts(m, label_bytes)
-    assert "gloo's fitted 1/β is 1.50× the ring's" in render_page(PAGE_03, "03", m)
+    page = render_page(PAGE_03, "03", m)
+    assert "the ring's fitted 1/β is 2.00× gloo's" in page
+    assert "not a measured one" not in page
+    m["alpha_beta"]["native"]["beta_gbps"] = None  # no bandwidth term fitted
+    assert "fitted no bandwidth term" in ring_verdicts(m, label_bytes)["bandwidth_gap"]["text"]
+
+
+def test_the_sizes_where_the_ring_s_busbw_is_below_gloo_s_follow_the_run(render_page):
+    sizes = committed("03")["sizes_bytes"]
+    even = {(name, s): 1.0 for s in sizes for name in ("ring", "native")}
+    m = ring_results(even)
+    assert m["verdicts"]["bandwidth_gap"]["below_at"] == []
+    page = render_page(PAGE_03, "03", m)
+    assert "below gloo's at no size" in page and "does not split the measured gap" not in page
+    m = ring_results(even | {("ring", 2 * MiB): 2.0})
+    assert m["verdicts"]["bandwidth_gap"]["below_at"] == [2 * MiB]
+    assert "below gloo's at 2 MiB (0.50× of it)" in render_page(PAGE_03, "03", m)
 
 
 def test_the_best_segment_is_judged_against_the_run_s_own_noise(render_page):
@@ -146,7 +199,9 @@ def test_what_the_size_check_costs_follows_the_run(render_page):
 
 def test_alpha_sentence_follows_which_alpha_is_smaller(render_page):
     m = ring_results()
-    for naive_alpha, expected in ((10.0, "its α is below gloo's"), (1e4, "no lower than gloo's")):
+    gloo = m["alpha_beta"]["native"]["alpha_us"]
+    for naive_alpha, expected in ((10.0, "its α is below gloo's"), (1e4, "no lower than gloo's"),
+                                  (gloo, "no lower than gloo's")):
         m["alpha_beta"]["naive"]["alpha_us"] = naive_alpha
         m["verdicts"] = ring_verdicts(m, label_bytes)
         assert expected in render_page(PAGE_03, "03", m)
@@ -214,14 +269,30 @@ def test_scaling_without_communication_is_read_against_the_cores(render_page):
     assert "one GPU a rank allows 2× and 4×" in render_page(PAGE_05, "05", r)
 
 
-def test_overlap_verdict_says_saved_or_not_from_the_run(render_page):
+def test_overlap_verdict_is_a_lower_bound_that_names_the_copies_it_leaves_out(render_page):
     r = dp_results()
-    for native_ms, words in ((1e3, "overlap saved nothing measurable"), (1e-3, "overlap saved")):
+    for native_ms, words in ((1e3, "this estimate shows no saving from overlap"),
+                             (1e-3, "overlap saved at least")):
         r["step_time_ms"]["native"] = native_ms
         r["verdicts"] = data_parallel_report.verdicts(r)
         page = render_page(PAGE_05, "05", r)
-        assert words in page
-        assert ("nothing measurable" in page) == (native_ms > 1)
+        assert words in page and "copies of the gradients into and out of its buckets" in page
+        assert ("shows no saving" in page) == (native_ms > 1)
+        assert "nothing measurable" not in page
+
+
+def test_the_overlap_term_of_the_gap_keeps_its_sign(render_page):
+    r = dp_results(small_allreduce_ms=0.0, small_allreduce_mean_ms=0.0)  # no message cost
+    serial = r["verdicts"]["overlap"]["serial_step_ms"]
+    r["step_time_ms"]["native"] = serial + 2.0  # native slower than its serial estimate
+    r["step_time_ms"]["naive"] = serial + 10.0
+    r["verdicts"] = data_parallel_report.verdicts(r)
+    gap = r["verdicts"]["gap_to_native"]
+    assert gap["below_serial_ms"] == pytest.approx(-2.0)
+    assert gap["explained_ms"] == pytest.approx(-2.0)  # not clamped to zero
+    page = render_page(PAGE_05, "05", r)
+    assert "the two named causes explain none of it (together -2.0 ms)" in page
+    assert "-2.0 ms for overlap" in page
 
 
 def test_the_naive_link_sentence_follows_the_fitted_bandwidths(render_page):
@@ -243,4 +314,61 @@ def test_what_gloo_s_copies_explain_of_the_flat_reduce_scatter_follows_the_run(r
     times[ch02.FLAT_COPIES] = 5.0
     r["verdicts"] = {"reduce_scatter_flat": ch02.flat_reduce_scatter_verdict(times, "gloo")}
     page = render_page(PAGE_02, "02", r)
-    assert "take 5.00 ms, 100% of that" in page and "does not attribute" not in page
+    assert "take 5.00 ms, more than that excess" in page and "does not attribute" not in page
+    assert "100%" not in page.split("take 5.00 ms")[1][:80]
+    times[ch02.FLAT_COPIES] = 4.0  # a tie with the excess
+    r["verdicts"] = {"reduce_scatter_flat": ch02.flat_reduce_scatter_verdict(times, "gloo")}
+    assert "take 4.00 ms, as long as that excess" in render_page(PAGE_02, "02", r)
+    times["reduce_scatter_flat"] = 7.0  # no longer than the all-reduce: nothing to explain
+    r["verdicts"] = {"reduce_scatter_flat": ch02.flat_reduce_scatter_verdict(times, "gloo")}
+    assert "0.88× as long as the all-reduce of the same tensor, no longer than it" in \
+        render_page(PAGE_02, "02", r)
+
+
+def sweep_point(cap: float, buckets: int, ms: float) -> dict:
+    return {"bucket_cap_mb": cap, "step_time_ms": {"bucketed": ms, "native": ms},
+            "buckets": {"bucketed": buckets, "native": buckets}}
+
+
+def test_the_bucket_sweep_is_read_against_its_own_noise(render_page):
+    r = copy.deepcopy(committed("04"))
+    many = [sweep_point(0.25, 9, 40.0), sweep_point(0.5, 9, 41.0)]  # 1 ms of noise
+    one = [sweep_point(16, 1, 30.0), sweep_point(32, 1, 30.5)]
+    for middle_ms, many_words, one_words in (
+            (30.2, "slower than every other cap, by at least 9.5 ms",
+             "not apart from every cap in between by more than that noise"),
+            (35.0, "slower than every other cap, by at least 5.0 ms",
+             "faster than every cap in between, by at least 4.5 ms"),
+            (20.0, "slower than every other cap, by at least 9.5 ms",
+             "slower than every cap in between, by at least 10.0 ms")):
+        points = [*many, sweep_point(4, 3, middle_ms), *one]
+        r["bucket_sweep"]["verdict"] = {kind: sweep_verdict(points, kind)
+                                        for kind in ("bucketed", "native")}
+        page = render_page(PAGE_04, "04", r)
+        assert "spread by up to 1.0 ms, the sweep's own noise" in page
+        most = "the steps with the most buckets (9, caps 0.25 to 0.5 MiB) were "
+        assert most + many_words in page
+        assert f"those with the fewest (1, caps 16 to 32 MiB) were {one_words}" in page
+
+
+def test_a_bucket_sweep_without_repeated_layouts_claims_no_reading():
+    points = [sweep_point(1, 3, 30.0), sweep_point(4, 2, 50.0), sweep_point(16, 1, 31.0)]
+    v = sweep_verdict(points, "bucketed")
+    assert v["noise_ms"] is None and "does not read its curve" in v["text"]
+    same = sweep_verdict([sweep_point(16, 1, 30.0), sweep_point(32, 1, 33.0)], "bucketed")
+    assert same["noise_ms"] == pytest.approx(3.0) and "every cap made the same buckets" in \
+        same["text"]
+    two_ends = sweep_verdict([sweep_point(1, 3, 30.0), sweep_point(2, 3, 30.1),
+                              sweep_point(16, 1, 29.0)], "bucketed")
+    assert "cap in between" not in two_ends["text"]  # no middle: one comparison, not two
+    assert "slower than every other cap, by at least 1.0 ms" in two_ends["text"]
+
+
+def test_the_gap_accounting_handles_causes_beyond_the_gap_and_a_run_without_stall_times():
+    r = dp_results(small_allreduce_ms=100.0, small_allreduce_mean_ms=100.0)
+    text = r["verdicts"]["gap_to_native"]["text"]
+    assert "account for all of it and more" in text and "%)" not in text.split(":")[0]
+    r = dp_results()
+    del r["why_naive_is_slower"]["small_allreduce_mean_ms"]
+    gap = data_parallel_report.verdicts(r)["gap_to_native"]
+    assert gap["stalls_ms"] is None and "did not time the stalls" in gap["text"]

@@ -83,21 +83,25 @@ def gap_to_native(r: dict, overlap: dict) -> dict:
 
     The bytes are no cause: both send the whole gradient.  Messages: the fixed cost of each
     all-reduce NaiveDDP makes beyond native's, a lone tiny all-reduce each (by its median).
-    No overlap: what overlap saved native DDP (``overlap_worth``; nothing when it saved
-    nothing).  Stalls, apart: the same extra calls by the lone all-reduce's mean instead of its
-    median, the stalls that lone calls met.  What is left this run does not attribute."""
+    No overlap: how far native DDP's step came in below its serial estimate (``overlap_worth``),
+    signed.  That estimate leaves out native's copies into and out of its buckets, which
+    NaiveDDP does not make either, so the difference is overlap's saving net of those copies,
+    the very term by which native's step differs from NaiveDDP's beyond the messages.  Stalls,
+    apart: the same extra calls by the lone all-reduce's mean instead of its median.  What is
+    left this run does not attribute."""
     why, t = r["why_naive_is_slower"], r["step_time_ms"]
     extra_calls = why["allreduce_calls"]["naive"] - why["allreduce_calls"]["native"]
     gap = t["naive"] - t["native"]
     messages = extra_calls * why["small_allreduce_ms"]
-    overlap_saved = max(overlap["serial_step_ms"] - overlap["native_step_ms"], 0.0)
-    explained = messages + overlap_saved
-    stalls = extra_calls * (why["small_allreduce_mean_ms"] - why["small_allreduce_ms"])
-    left = gap - explained - stalls
+    below_serial = overlap["serial_step_ms"] - overlap["native_step_ms"]
+    explained = messages + below_serial
+    mean = why.get("small_allreduce_mean_ms")  # a run from before it was recorded has none
+    stalls = extra_calls * (mean - why["small_allreduce_ms"]) if mean is not None else None
+    left = gap - explained - (stalls or 0.0)
     parts = {"gap": gap, "explained": explained, "messages": messages,
-             "overlap": overlap_saved, "stalls": stalls, "left": left}
+             "below_serial": below_serial, "stalls": stalls, "left": left}
     return {"gap_ms": gap, "extra_calls": extra_calls, "messages_ms": messages,
-            "overlap_saved_ms": overlap_saved, "explained_ms": explained,
+            "below_serial_ms": below_serial, "explained_ms": explained,
             "explained_share": explained / gap if gap > 0 else None, "stalls_ms": stalls,
             "unexplained_ms": left, "unexplained_share": left / gap if gap > 0 else None,
             "text": gap_text(parts, extra_calls)}
@@ -109,12 +113,21 @@ def gap_text(ms: dict, extra_calls: int) -> str:
     if gap <= 0:
         return (f"in this run NaiveDDP's step was not longer than native DDP's "
                 f"({gap:+.1f} ms), so there is no gap to explain")
+    share = (f"explain none of it (together {ms['explained']:+.1f} ms)"
+             if ms["explained"] <= 0 else
+             f"account for all of it and more ({ms['explained']:.1f} ms)"
+             if ms["explained"] >= gap else
+             f"explain {ms['explained']:.1f} ms ({ms['explained'] / gap:.0%})")
     text = (f"of the {gap:.1f} ms by which NaiveDDP's step was longer, the two named causes "
-            f"explain {ms['explained']:.1f} ms ({ms['explained'] / gap:.0%}): "
+            f"{share}: "
             f"{ms['messages']:.1f} ms for its {extra_calls} extra messages and "
-            f"{ms['overlap']:.1f} ms that overlap saved native DDP. The stalls that lone "
-            f"all-reduces met on this machine (their mean instead of their median) would add "
-            f"{ms['stalls']:.1f} ms")
+            f"{ms['below_serial']:+.1f} ms for overlap (native DDP's serial estimate minus its "
+            f"step: overlap's saving, net of native's copies into and out of its buckets, "
+            f"which NaiveDDP does not make)")
+    text += (". This run did not time the stalls that lone all-reduces meet"
+             if ms["stalls"] is None else
+             f". The stalls that lone all-reduces met on this machine (their mean instead of "
+             f"their median) would add {ms['stalls']:.1f} ms")
     if ms["left"] > 0:
         return text + f"; the other {ms['left']:.1f} ms ({ms['left'] / gap:.0%}) this run " \
                       f"does not attribute"
@@ -124,14 +137,19 @@ def gap_text(ms: dict, extra_calls: int) -> str:
 def overlap_worth(r: dict) -> dict:
     """Native DDP's step against the step it would take without overlap: the local step plus
     its bucket all-reduces one after another (the whole gradient in one message, plus the fixed
-    cost of each further bucket).  A ratio above 1: overlap saved that factor."""
+    cost of each further bucket).  The estimate leaves out native's copies into and out of its
+    buckets, so it is low, and what overlap saved is, if anything, more than it shows."""
     why, t = r["why_naive_is_slower"], r["step_time_ms"]
     buckets = why["allreduce_calls"]["native"]
     serial = (t["local"] + why["whole_gradient_allreduce_ms"]
               + (buckets - 1) * why["small_allreduce_ms"])
     ratio = serial / t["native"]
-    text = (f"overlap saved {1 - 1 / ratio:.0%} of that step" if ratio > 1 else
-            f"overlap saved nothing measurable: the step took {1 / ratio:.2f}× that estimate")
+    copies = ("this estimate leaves out native DDP's copies of the gradients into and out of "
+              "its buckets, which this run does not time")
+    text = (f"overlap saved at least {1 - 1 / ratio:.0%} of that step ({copies}, so the "
+            f"saving can only be larger)" if ratio > 1 and f"{ratio:.2f}" != "1.00" else
+            f"this estimate shows no saving from overlap: the step took {1 / ratio:.2f}× it. "
+            f"But {copies}: overlap may have saved up to what they cost")
     return {"serial_step_ms": serial, "native_step_ms": t["native"], "ratio": ratio,
             "text": text}
 

@@ -67,12 +67,15 @@ def stall_summary(sizes: list[int], result: dict) -> dict:
 def per_call_costs(fit: dict, segments: dict, world: int) -> dict:
     """The fit's α lumps every fixed cost into one number per message: 2(N-1)·α is the time
     of an empty call.  The segment sweep measures what one *extra* message costs; the rest of
-    2(N-1)·α is paid once per call (Python, setting up the exchange, waking up to return)."""
+    2(N-1)·α would be paid once per call (Python, setting up the exchange, waking up to
+    return).  A rest below zero (a sweep's message dearer than a small call's) is no cost:
+    ``once_per_call_ms`` is then None and ``rest_ms`` keeps the difference."""
     empty_call_ms = 2 * (world - 1) * fit["alpha_us"] * 1e-3
     per_message = segments["extra_ms_per_message"]
-    fixed = empty_call_ms - 2 * (world - 1) * per_message if per_message is not None else None
+    rest = empty_call_ms - 2 * (world - 1) * per_message if per_message is not None else None
     return {"empty_call_ms": empty_call_ms, "messages": 2 * (world - 1),
-            "per_message_ms": per_message, "once_per_call_ms": fixed}
+            "per_message_ms": per_message, "rest_ms": rest,
+            "once_per_call_ms": rest if rest is not None and rest >= 0 else None}
 
 
 def summarize(metrics: dict, label_bytes: Callable[[int], str],
@@ -158,44 +161,60 @@ def ring_against_gloo(m: dict, label: Callable[[int], str]) -> str:
     return clause
 
 
+def same_at_print(ratio: float) -> bool:
+    """A ratio that prints as 1.00: a tie at the page's precision."""
+    return f"{ratio:.2f}" == "1.00"
+
+
+def ratio_span(values: list[float]) -> str:
+    low, high = min(values), max(values)
+    return f"{low:.2f}×" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}× to {high:.2f}×"
+
+
 def naive_against_the_others(m: dict, label: Callable[[int], str]) -> dict:
-    """Where the naive all-reduce was the fastest of the three, and where it was faster or
-    slower than the ring (with how much: its time over the ring's, the range at those sizes)."""
+    """Where the naive all-reduce was the fastest of the three, and where it was faster than,
+    as fast as (a time ratio that prints as 1.00) or slower than the ring, with the range of its
+    time over the ring's at those sizes."""
     sizes, t = m["sizes_bytes"], m["time_ms"]
     fastest = [s for s in sizes
                if t["naive"][str(s)] < min(t["ring"][str(s)], t["native"][str(s)])]
     ratio = {s: t["naive"][str(s)] / t["ring"][str(s)] for s in sizes}
-    faster = [s for s in sizes if ratio[s] < 1]
-    slower = [s for s in sizes if s not in faster]
+    tied = [s for s in sizes if same_at_print(ratio[s])]
+    faster = [s for s in sizes if ratio[s] < 1 and s not in tied]
+    slower = [s for s in sizes if ratio[s] > 1 and s not in tied]
     fastest_text = (f"was the fastest of the three at {runs_text(fastest, sizes, label)}"
                     if fastest else "was the fastest of the three at no size")
 
     def side(word: str, chosen: list[int]) -> str:
-        low, high = min(ratio[s] for s in chosen), max(ratio[s] for s in chosen)
-        span = f"{low:.2f}×" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}× to {high:.2f}×"
-        return f"{word} than the ring at {runs_text(chosen, sizes, label)} ({span} its time)"
+        return (f"{word} the ring at {runs_text(chosen, sizes, label)} "
+                f"({ratio_span([ratio[s] for s in chosen])} its time)")
 
-    sides = [side(word, chosen) for word, chosen in (("faster", faster), ("slower", slower))
-             if chosen]
-    pace = "was " + " and ".join(sides)
+    sides = [side(word, chosen) for word, chosen in (("faster than", faster),
+                                                     ("as fast as", tied),
+                                                     ("slower than", slower)) if chosen]
+    pace = "was " + join_words(sides)
     return {"fastest_at": fastest, "fastest_text": fastest_text, "faster_at": faster,
-            "slower_at": slower, "pace_text": pace}
+            "tied_at": tied, "slower_at": slower, "pace_text": pace}
 
 
 def alpha_comparison(m: dict) -> dict:
     """The three fitted α, smallest first, and whether the naive all-reduce (Python
-    send/recv/wait, like the ring) has a smaller one than gloo's C++ all-reduce."""
+    send/recv/wait, like the ring) has a smaller one than gloo's C++ all-reduce: only then do
+    its numbers rebut "Python makes the ring's α high"."""
     alpha = {name: fit["alpha_us"] for name, fit in m["alpha_beta"].items()}
     order = sorted(alpha, key=alpha.get)
     names = {"ring": "the ring", "native": "gloo", "naive": "the naive all-reduce"}
-    naive_below = alpha["naive"] < alpha["native"]
+    naive_below = alpha["naive"] < alpha["native"] and f"{alpha['naive']:.0f}" != \
+        f"{alpha['native']:.0f}"
+    python_text = ("It is tempting to blame Python for the ring's, but the naive all-reduce is "
+                   "Python `send`, `recv` and `wait` as well, and its α is below gloo's: "
+                   "Python's calls alone do not make an α high"
+                   if naive_below else
+                   "The naive all-reduce, Python `send`, `recv` and `wait` like the ring, has "
+                   "an α no lower than gloo's in this run, so this run cannot tell Python's "
+                   "share of the ring's α")
     return {"order_text": join_words([f"{names[n]} {alpha[n]:.0f} µs" for n in order]),
-            "naive_below_gloo": naive_below,
-            "python_text": ("so Python's calls alone do not make an α high: the naive "
-                            "all-reduce makes them too, and its α is below gloo's"
-                            if naive_below else
-                            "the naive all-reduce, which makes Python calls too, has an α no "
-                            "lower than gloo's in this run")}
+            "naive_below_gloo": naive_below, "python_text": python_text}
 
 
 def stall_order(m: dict) -> str:
@@ -207,65 +226,87 @@ def stall_order(m: dict) -> str:
 
 def alpha_gap_to_naive(m: dict) -> dict:
     """The ring's fixed cost per call above the naive all-reduce's, from the fitted α
-    (2(N-1) messages each), and how much of it the relay's once-per-call cost explains.  The
-    fit is of 10th percentiles, so stalled rounds are not in it."""
+    (2(N-1) messages each).  The run does not split it: the segment sweep says what one more
+    message costs the ring in a large call, not in a small one, and nothing times what the
+    naive one pays once per call (an inbox allocated, the peers listed, on every call)."""
     messages = m["per_call"]["messages"]
     alpha = {name: m["alpha_beta"][name]["alpha_us"] for name in ("ring", "naive")}
     gap_ms = messages * (alpha["ring"] - alpha["naive"]) * 1e-3
-    once = m["per_call"]["once_per_call_ms"]
-    if gap_ms <= 0 or once is None:
-        return {"gap_ms": gap_ms, "explained_share": None,
+    if f"{gap_ms:.3f}" in ("0.000", "-0.000") or gap_ms < 0:
+        return {"gap_ms": gap_ms,
                 "text": (f"the ring's fitted fixed cost per call is not above the naive one's in "
                          f"this run ({gap_ms:+.3f} ms), so there is no gap to explain")}
-    share = min(once, gap_ms) / gap_ms
-    left = gap_ms - min(once, gap_ms)
-    return {"gap_ms": gap_ms, "once_per_call_ms": once, "explained_share": share,
+    return {"gap_ms": gap_ms,
             "text": (f"per call, the ring's fitted fixed cost is {gap_ms:.3f} ms above the "
-                     f"naive one's ({messages} × the difference of their α); the relay's cost "
-                     f"paid once per call, {once:.3f} ms, explains {share:.0%} of that"
-                     + (f", and {left:.3f} ms is left that this run does not split further"
-                        if left > 0 else ""))}
+                     f"naive one's ({messages} × the difference of their α). This run does not "
+                     f"split that: it times neither what the naive version pays once per call "
+                     f"(it allocates an inbox and lists its peers on every call) nor what one "
+                     f"message costs in a call this small")}
 
 
-def bandwidth_gap(m: dict) -> dict:
-    """gloo's fitted 1/β against the ring's, as time at the largest size (the ring's bandwidth
-    term minus gloo's), and how much of it the ring's per-message cost there explains (its
-    messages × the extra cost of one message, from the segment sweep).  What it leaves, and
-    how far each fit is off at that size, shows what the fits themselves contribute."""
+def once_per_call(m: dict) -> str:
+    """What the segment sweep leaves of an empty call's fixed cost, as a clause."""
+    pc, seg = m["per_call"], m["segments"]
+    if pc["per_message_ms"] is None:
+        return "this run's segment sweep measured no cost per message, so it does not split it"
+    smallest = min((r for r in seg["rows"] if r["segment_bytes"]),
+                   key=lambda r: r["segment_bytes"])
+    where = (f"the sweep ({smallest['segment_label']} against {seg['default_segment']} "
+             f"segments, of a {seg['size_label']} tensor)")
+    if pc["once_per_call_ms"] is None:
+        return (f"{pc['messages']} such messages cost more than the whole empty call "
+                f"({pc['rest_ms']:+.3f} ms left), so a message costs less in a small call than "
+                f"in {where}, and this run does not split the empty call")
+    return (f"that leaves {pc['once_per_call_ms']:.3f} ms of the empty call paid once per call — "
+            f"if a message in a small call costs as much as in {where}, which this run does not "
+            f"check")
+
+
+def busbw_below_gloo(m: dict, label: Callable[[int], str]) -> tuple[list[int], str]:
+    """The sizes where the ring's bus bandwidth was below gloo's (a ratio that prints below
+    1.00), with the range of the ratio there, as a clause."""
+    ratio, sizes = m["ratio_ring_to_native_busbw"], m["sizes_bytes"]
+    below = [s for s in sizes if ratio[str(s)] < 1 and not same_at_print(ratio[str(s)])]
+    if not below:
+        return below, "the ring's bus bandwidth was below gloo's at no size"
+    return below, (f"the ring's bus bandwidth was below gloo's at {runs_text(below, sizes, label)}"
+                   f" ({ratio_span([ratio[str(s)] for s in below])} of it)")
+
+
+def bandwidth_gap(m: dict, label: Callable[[int], str]) -> dict:
+    """The two fitted 1/β against what was measured: the sizes where the ring's bus bandwidth
+    was below gloo's, and the largest size, where the fits' bandwidth terms weigh most.  No
+    share of a gap is claimed: the run times what one more message costs the ring, not what
+    one costs gloo, whose ring sends its own segments (gloo/allreduce.h: at most
+    kMaxSegmentSize, 1 MiB, each)."""
     beta = {name: m["alpha_beta"][name]["beta_gbps"] for name in ("ring", "native")}
-    if not beta["ring"] or not beta["native"] or m["per_call"]["per_message_ms"] is None:
-        return {"text": "this run has no bandwidth term or no per-message cost to compare"}
-    largest, world, seg = m["largest"]["size_bytes"], m["correctness"]["world_size"], m["segments"]
-    sent = 2 * (world - 1) / world * largest  # bytes the busiest rank sends, ring and gloo
-    gap_ms = sent * 1e-6 * (1 / beta["ring"] - 1 / beta["native"])  # GB/s: 1e9 bytes a second
-    default = next((r["segment_bytes"] for r in seg["rows"]
-                    if r["segment_label"] == seg["default_segment"]), None)
-    if default is None:
-        return {"text": "this run's segment sweep did not time the default segment"}
-    messages = m["per_call"]["messages"] * max(1, -(-(largest // world) // default))
-    per_message_ms = messages * m["per_call"]["per_message_ms"]
+    if not beta["ring"] or not beta["native"]:
+        return {"text": "this run fitted no bandwidth term to compare"}
+    ratio = beta["native"] / beta["ring"]
+    fitted = ("the two fitted 1/β are the same" if same_at_print(ratio) else
+              f"gloo's fitted 1/β is {ratio:.2f}× the ring's" if ratio > 1 else
+              f"the ring's fitted 1/β is {1 / ratio:.2f}× gloo's")
+    below, measured = busbw_below_gloo(m, label)
+    largest = m["largest"]["size_bytes"]
+    size = label(largest)
     times = {name: m["time_ms"][name][str(largest)] for name in ("ring", "native")}
     errors = {name: m["alpha_beta"][name]["rel_err"][str(largest)] for name in times}
-    size = f"{m['largest']['size_mib']:.0f} MiB"
-    text = (f"gloo's fitted 1/β is {beta['native'] / beta['ring']:.2f}× the ring's, which at "
-            f"{size} puts the ring's bandwidth term {gap_ms:.1f} ms above gloo's")
-    if gap_ms > 0:
-        share = min(per_message_ms, gap_ms) / gap_ms
-        text += (f". The ring's cost per message explains {share:.0%} of that: at {size} it "
-                 f"sends {messages} messages, which cost {per_message_ms:.1f} ms, "
-                 f"{per_message_ms / times['ring']:.0%} of its {times['ring']:.1f} ms")
-    else:
-        share = None
-    faster = times["ring"] < times["native"]
-    text += (f". Measured, at {size} the ring was {'faster' if faster else 'no faster'} than "
-             f"gloo ({times['ring']:.1f} against {times['native']:.1f} ms)")
-    text += (". So the rest comes from the fits" if faster else
-             ". The rest this run does not split between the ring's bytes and the fits")
-    text += (f": at {size} gloo's model is off by {errors['native']:+.0%} and the ring's by "
-             f"{errors['ring']:+.0%}; each 1/β is set by all the sizes the fit weighs together")
-    return {"ratio": beta["native"] / beta["ring"], "gap_ms_largest": gap_ms,
-            "messages_largest": messages, "per_message_ms": per_message_ms,
-            "explained_share": share, "text": text}
+    at_largest = times["native"] / times["ring"]
+    verb = ("as fast as" if same_at_print(at_largest) else
+            "faster than" if at_largest > 1 else "slower than")
+    text = (f"{fitted}. Measured, {measured}. At {size}, where the bandwidth terms weigh most, "
+            f"the ring was {verb} gloo ({times['ring']:.1f} against {times['native']:.1f} ms)")
+    fit_says_ring_slower = ratio > 1 and not same_at_print(ratio)
+    if fit_says_ring_slower and verb != "slower than":
+        text += (f", so there the fitted difference is not a measured one: gloo's model is off "
+                 f"by {errors['native']:+.0%} at {size} and the ring's by {errors['ring']:+.0%}, "
+                 f"each 1/β being set by all the sizes the fit weighs together")
+    if below:
+        text += (". This run does not split the measured gap: it times what one more message "
+                 "costs the ring, but not what one costs gloo, whose ring sends segments of at "
+                 "most 1 MiB")
+    return {"ratio": ratio, "below_at": below, "ring_at_largest": verb,
+            "fit_errors_largest": errors, "text": text}
 
 
 def best_segment(m: dict) -> dict:
@@ -334,7 +375,8 @@ def verdicts(m: dict, label: Callable[[int], str]) -> dict:
                            "no faster than the ring's: in this run the fit does not show it"),
             "alpha": alpha_comparison(m),
             "alpha_gap_to_naive": alpha_gap_to_naive(m),
-            "bandwidth_gap": bandwidth_gap(m),
+            "bandwidth_gap": bandwidth_gap(m, label),
+            "once_per_call": once_per_call(m),
             "best_segment": best_segment(m),
             "size_check": size_check_cost(m),
             "stall_order": stall_order(m)}
