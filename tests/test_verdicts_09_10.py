@@ -154,3 +154,55 @@ def test_pages_render_calibration_and_alpha_range_from_results(monkeypatch):
     page = render_page("10-many-nodes.md", r10, "10", monkeypatch)
     assert "measured on SENTINEL-05 on" in page
     assert "| 50 GB/s per port | 99.5 µs |" in page
+
+
+def run_row(measured: float, predicted: float, own: float) -> dict:
+    return {"measured_ms": measured, "predicted_ms": predicted,
+            "rel_error": abs(predicted - measured) / measured,
+            "rel_error_own_allreduce": abs(own - measured) / measured}
+
+
+def test_chapter10_model_verdict_edges():
+    runs = {"1x2_loopback": run_row(100.0, 85.0, 100.0),     # exactly 15 % off: within
+            "2x2_unshaped": run_row(100.0, 100.0, 130.0),    # exact; the schedule alone is not
+            "2x2_1gbit": run_row(100.0, 140.0, 100.0),       # pessimistic beyond 15 %
+            "2x2_100mbit": run_row(100.0, 55.0, 84.0)}       # optimistic, and the most off
+    v = nodes_verdicts.model_verdict(runs)
+    assert v["within_15_percent"] == "1 × 2 loopback, 2 × 2 unshaped"
+    assert v["optimistic_beyond_15_percent"] == "2 × 2 at 100 Mbit/s"
+    assert v["pessimistic_beyond_15_percent"] == "2 × 2 at 1 Gbit/s"
+    assert v["schedule_beyond_15_percent"] == "2 × 2 unshaped, 2 × 2 at 100 Mbit/s"
+    assert (v["most_off"], v["most_off_direction"]) == (
+        "2 × 2 at 100 Mbit/s", "optimistic (a faster step than measured)")
+    assert nodes_verdicts.direction(runs["2x2_unshaped"]) == "exact"
+    runs["2x2_1gbit"] = run_row(100.0, 145.0, 100.0)    # a tie, in opposite directions
+    tie = nodes_verdicts.model_verdict(runs)
+    assert tie["most_off"] == "2 × 2 at 1 Gbit/s, 2 × 2 at 100 Mbit/s"
+    assert tie["most_off_direction"] == "optimistic on one, pessimistic on another"
+    assert nodes_verdicts.direction(runs["2x2_1gbit"]).startswith("pessimistic")
+
+
+def test_chapter10_cable_gamma_and_heard_edges():
+    assert nodes_verdicts.compare(10.0, 10.0) == "as long as"
+    assert nodes_verdicts.compare(4.0, 10.0) == "shorter than"
+    assert nodes_verdicts.compare(40.0, 10.0) == "longer than"
+    for missing in (None, 0.0):
+        assert nodes_verdicts.gamma_text(missing).startswith("no γ")
+    assert nodes_verdicts.gamma_text(1e-10) == "γ from chapter 03: adding at 10 GB/s"
+    assert nodes_verdicts.heard(None) == "no error line that names the loss"
+    assert nodes_verdicts.heard("x: Read error: Connection reset by peer.") == (
+        "Connection reset by peer")
+
+
+def test_chapter10_cable_sentence_follows_this_runs_backward(monkeypatch):
+    results = json.loads((REPO / "figures/chapter10/results.json").read_text())
+    phases = results["two_node"]["phases"]
+    phases["1gbit"]["compute_ms"] = 1.0      # backward now far shorter than the all-reduce
+    results["validation"]["runs"]["2x2_1gbit"]["compute_ms"] = 1.0
+    results["verdicts"] = nodes_verdicts.verdicts(results, ch10.RATES, ch10.BUCKET_CAP_MB * MiB)
+    page = render_page("10-many-nodes.md", results, "10", monkeypatch)
+    assert "longer than that run's backward\n(1 ms of a\n1.0 ms compute-only step)" in page
+    results["calibration"]["gamma_s_per_byte"] = 2e-10
+    results["verdicts"] = nodes_verdicts.verdicts(results, ch10.RATES, ch10.BUCKET_CAP_MB * MiB)
+    page = render_page("10-many-nodes.md", results, "10", monkeypatch)
+    assert "γ from chapter 03: adding at 5 GB/s; measured on" in page
