@@ -206,3 +206,56 @@ def test_chapter10_cable_sentence_follows_this_runs_backward(monkeypatch):
     results["verdicts"] = nodes_verdicts.verdicts(results, ch10.RATES, ch10.BUCKET_CAP_MB * MiB)
     page = render_page("10-many-nodes.md", results, "10", monkeypatch)
     assert "γ from chapter 03: adding at 5 GB/s; measured on" in page
+
+
+def test_percent_text_agrees_with_the_15_percent_goal():
+    assert hook_cost.percent_text(-0.15254) == "-15.3%"     # not "-15%" beside "within: none"
+    assert hook_cost.percent_text(-0.15) == "-15%"          # exactly at the goal: within
+    assert hook_cost.percent_text(0.150004) == "15.0004%"
+    assert hook_cost.percent_text(0.1496) == "15%"          # within, and shown as within
+    assert hook_cost.percent_text(-2.5) == "-250%"
+
+
+def test_stall_band_above_inside_below_and_without_medians():
+    hook = {"measured_ms": 0.0, "compute_ms": 2.0}
+    def band(measured, low=1.5, high=3.0):
+        return hook_cost.stall_band({**hook, "measured_ms": measured}, 6.0, low, high)
+    assert (band(5.0)["with_least_stalls_ms"], band(5.0)["with_most_stalls_ms"]) == (8.0, 14.0)
+    assert band(20.0)["band_text"].startswith("above the band by 6.0 ms")
+    assert band(8.0)["band_text"].startswith("inside the band")       # a bound is inside
+    assert band(14.0)["band_text"].startswith("inside the band")
+    assert band(1.0)["band_text"].startswith("below the band by 7.0 ms")
+    assert hook_cost.stall_range({}) == (1.0, 1.0)
+    assert hook_cost.stall_range(MODEL) == (1.2, 1.5)
+
+
+def test_prediction_verdict_edges():
+    assert hook_cost.direction_text([-0.1, 0.0, 0.2]) == (
+        "below for 1 hook, above for 1 and exactly at for 1")
+    assert hook_cost.direction_text([0.0, 0.0]) == "exactly at the measured time for every hook"
+    tie = copy.deepcopy(HOOKS)
+    predicted = {n: hook_cost.predict_hook_ms(h, 2, MODEL) for n, h in tie.items()}
+    for name, h in tie.items():     # none and fp16 exactly 50 % too low (a tie), others 75 %
+        h["measured_ms"] = (2 if name in ("none", "fp16") else 4) * predicted[name]
+    verdict = hook_cost.prediction(tie, 2, MODEL)
+    assert verdict["least_off"] == "none, fp16"
+    assert verdict["least_off_compute_share"] == max(
+        verdict["per_hook"][n]["compute_share"] for n in ("none", "fp16"))
+    assert hook_cost.compute_share_text(0.5).startswith("most of that prediction is measured")
+    assert hook_cost.compute_share_text(0.49).startswith("most of that prediction is modelled")
+
+
+def test_chapter09_prediction_and_bits_render_from_results(monkeypatch):
+    import chapter09_compression as ch09
+    assert ch09.bits_text(0.0) == "the same bits"
+    assert ch09.bits_text(2.5e-7) == "not the same bits: they differ by up to 2.5e-07"
+    results = json.loads((REPO / "figures/chapter09/results.json").read_text())
+    results["equivalence"]["autocast_text"] = ch09.bits_text(1e-3)
+    results["prediction"] = hook_cost.prediction(
+        {**results["hooks"], "powersgd": {**results["hooks"]["powersgd"], "compute_ms": 0.0}},
+        2, results["prediction"]["model"])
+    page = render_page("09-compression.md", results, "09", monkeypatch)
+    assert "steps: not the same bits: they differ by up to 0.001." in page
+    share = results["prediction"]["least_off_compute_share"]
+    assert f"that compute is\n{share:.0%} of the prediction" in page
+    assert results["prediction"]["least_off_compute_text"] in page
