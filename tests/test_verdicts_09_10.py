@@ -259,3 +259,52 @@ def test_chapter09_prediction_and_bits_render_from_results(monkeypatch):
     share = results["prediction"]["least_off_compute_share"]
     assert f"that compute is\n{share:.0%} of the prediction" in page
     assert results["prediction"]["least_off_compute_text"] in page
+
+
+def metric(with_ms: float, without_ms: float, call_ms: float) -> dict:
+    return {"step_time_ms": {"with": with_ms, "without": without_ms}, "reduce_ms": call_ms}
+
+
+def test_chapter06_logging_verdict_edges():
+    from ddplab import bubble_report
+    split = bubble_report.logging_verdict(metric(5.5, 4.0, 0.5))
+    assert (split["gap_ms"], split["rest_ms"], split["call_share_of_gap"]) == (1.5, 1.0,
+                                                                               1 / 3)
+    assert split["text"].startswith("The steps with it were 1.50 ms (38%) slower; the call "
+                                    "itself covers about 33% of that, and the other 1.00 ms")
+    over = bubble_report.logging_verdict(metric(4.2, 4.0, 0.5))   # the call exceeds the gap
+    assert "does not split it" in over["text"] and over["rest_ms"] < 0
+    for faster in (metric(4.0, 4.0, 0.5), metric(3.0, 4.0, 0.5)):  # a tie, and faster
+        verdict = bubble_report.logging_verdict(faster)
+        assert verdict["text"].startswith("The steps with it were not slower here")
+        assert verdict["call_share_of_gap"] is None
+
+
+def test_chapter07_dcp_save_verdict_edges():
+    from ddplab import checkpoint_report
+    assert checkpoint_report.dcp_save_verdict(55.0, 44.0).startswith(
+        "here its save took 1.25 times as long")
+    assert checkpoint_report.dcp_save_verdict(40.0, 50.0).endswith(
+        "0.80 times as long as `torch.save`'s: spreading the writing paid")
+    assert checkpoint_report.dcp_save_verdict(50.0, 50.0) == (
+        "here its save took exactly as long as `torch.save`'s")
+
+
+def test_pages_06_07_08_render_their_verdicts(monkeypatch):
+    r06 = json.loads((REPO / "figures/chapter06/results.json").read_text())
+    r06["sync_points"]["metric_reduction"]["verdict"]["text"] = "SENTINEL gap"
+    assert "noisy machine). SENTINEL gap." in render_page("06-bubbles.md", r06, "06", monkeypatch)
+    r07 = json.loads((REPO / "figures/chapter07/results.json").read_text())
+    r07["dcp"]["save_verdict"] = "SENTINEL save"
+    assert "its metadata; SENTINEL save." in render_page("07-checkpointing.md", r07, "07",
+                                                          monkeypatch)
+    r08 = json.loads((REPO / "figures/chapter08/results.json").read_text())
+    r08["scenarios"]["port_taken"]["broken"]["port"] = 40404
+    page = render_page("08-bug-lab.md", r08, "08", monkeypatch)
+    assert "hold port 40404 first" in page and "'sport = :40404'" in page
+
+
+def test_chapter08_records_the_port_its_error_names():
+    from ddplab.bugs import runner
+    record = runner.run_in_main(runner.scenario("port_taken"), fixed=False)
+    assert f"port: {record['port']}," in record["first_line"]
