@@ -55,6 +55,7 @@ def test_one_ring_formula_and_one_link_table():
     cal = ch10.calibration(Path("/nonexistent"))
     fit = costmodel.chapter03_calibration(Path("/nonexistent"))
     assert cal["alpha_us"] == pytest.approx(fit["alpha_s"] * 1e6)
+    assert cal["gamma_s_per_byte"] == fit["gamma_s_per_byte"] > 0   # a re-run carries γ
 
 
 def test_prediction_verdict_follows_the_numbers():
