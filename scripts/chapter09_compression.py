@@ -384,6 +384,12 @@ def digest_verdict(rows: dict) -> dict:
             "powersgd_loss": "higher" if loss["powersgd"] > 0 else "not higher"}
 
 
+def bits_text(max_abs_diff: float) -> str:
+    """What the largest parameter difference between two trainings says, in words."""
+    return ("the same bits" if max_abs_diff == 0
+            else f"not the same bits: they differ by up to {max_abs_diff:.3g}")
+
+
 def parse_args(argv: list[str] | None = None) -> Namespace:
     parser = ddplab.chapter_parser(__doc__, prog="chapter09_compression.py")
     parser.add_argument("--steps", type=ddplab.positive(int), default=None, metavar="N",
@@ -416,6 +422,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     result["sweep"] = {str(w): sweep[w] for w in sorted(sweep)}
     del result["training"]
     result["per_hook"] = digest(result["sweep"])
+    if "equivalence" in result:
+        result["equivalence"]["autocast_text"] = bits_text(
+            result["equivalence"]["autocast_bucketed_vs_native"])
     result["training"] = {"steps": args.steps, "batch_per_rank": BATCH, "lr": LR,
                           "momentum": MOMENTUM, "powersgd_rank": RANK,
                           "powersgd_start_iter": START_ITER}

@@ -55,6 +55,7 @@ def test_one_ring_formula_and_one_link_table():
     cal = ch10.calibration(Path("/nonexistent"))
     fit = costmodel.chapter03_calibration(Path("/nonexistent"))
     assert cal["alpha_us"] == pytest.approx(fit["alpha_s"] * 1e6)
+    assert cal["gamma_s_per_byte"] == fit["gamma_s_per_byte"] > 0   # a re-run carries γ
 
 
 def test_prediction_verdict_follows_the_numbers():
@@ -154,3 +155,157 @@ def test_pages_render_calibration_and_alpha_range_from_results(monkeypatch):
     page = render_page("10-many-nodes.md", r10, "10", monkeypatch)
     assert "measured on SENTINEL-05 on" in page
     assert "| 50 GB/s per port | 99.5 µs |" in page
+
+
+def run_row(measured: float, predicted: float, own: float) -> dict:
+    return {"measured_ms": measured, "predicted_ms": predicted,
+            "rel_error": abs(predicted - measured) / measured,
+            "rel_error_own_allreduce": abs(own - measured) / measured}
+
+
+def test_chapter10_model_verdict_edges():
+    runs = {"1x2_loopback": run_row(100.0, 85.0, 100.0),     # exactly 15 % off: within
+            "2x2_unshaped": run_row(100.0, 100.0, 130.0),    # exact; the schedule alone is not
+            "2x2_1gbit": run_row(100.0, 140.0, 100.0),       # pessimistic beyond 15 %
+            "2x2_100mbit": run_row(100.0, 55.0, 84.0)}       # optimistic, and the most off
+    v = nodes_verdicts.model_verdict(runs)
+    assert v["within_15_percent"] == "1 × 2 loopback, 2 × 2 unshaped"
+    assert v["optimistic_beyond_15_percent"] == "2 × 2 at 100 Mbit/s"
+    assert v["pessimistic_beyond_15_percent"] == "2 × 2 at 1 Gbit/s"
+    assert v["schedule_beyond_15_percent"] == "2 × 2 unshaped, 2 × 2 at 100 Mbit/s"
+    assert (v["most_off"], v["most_off_direction"]) == (
+        "2 × 2 at 100 Mbit/s", "optimistic (a faster step than measured)")
+    assert nodes_verdicts.direction(runs["2x2_unshaped"]) == "exact"
+    runs["2x2_1gbit"] = run_row(100.0, 145.0, 100.0)    # a tie, in opposite directions
+    tie = nodes_verdicts.model_verdict(runs)
+    assert tie["most_off"] == "2 × 2 at 1 Gbit/s, 2 × 2 at 100 Mbit/s"
+    assert tie["most_off_direction"] == "optimistic on one, pessimistic on another"
+    assert nodes_verdicts.direction(runs["2x2_1gbit"]).startswith("pessimistic")
+
+
+def test_chapter10_cable_gamma_and_heard_edges():
+    assert nodes_verdicts.compare(10.0, 10.0) == "as long as"
+    assert nodes_verdicts.compare(4.0, 10.0) == "shorter than"
+    assert nodes_verdicts.compare(40.0, 10.0) == "longer than"
+    for missing in (None, 0.0):
+        assert nodes_verdicts.gamma_text(missing).startswith("no γ")
+    assert nodes_verdicts.gamma_text(1e-10) == "γ from chapter 03: adding at 10 GB/s"
+    assert nodes_verdicts.heard(None) == "no error line that names the loss"
+    assert nodes_verdicts.heard("x: Read error: Connection reset by peer.") == (
+        "Connection reset by peer")
+
+
+def test_chapter10_cable_sentence_follows_this_runs_backward(monkeypatch):
+    results = json.loads((REPO / "figures/chapter10/results.json").read_text())
+    phases = results["two_node"]["phases"]
+    phases["1gbit"]["compute_ms"] = 1.0      # backward now far shorter than the all-reduce
+    results["validation"]["runs"]["2x2_1gbit"]["compute_ms"] = 1.0
+    results["verdicts"] = nodes_verdicts.verdicts(results, ch10.RATES, ch10.BUCKET_CAP_MB * MiB)
+    page = render_page("10-many-nodes.md", results, "10", monkeypatch)
+    assert "longer than that run's backward\n(1 ms of a\n1.0 ms compute-only step)" in page
+    results["calibration"]["gamma_s_per_byte"] = 2e-10
+    results["verdicts"] = nodes_verdicts.verdicts(results, ch10.RATES, ch10.BUCKET_CAP_MB * MiB)
+    page = render_page("10-many-nodes.md", results, "10", monkeypatch)
+    assert "γ from chapter 03: adding at 5 GB/s; measured on" in page
+
+
+def test_percent_text_agrees_with_the_15_percent_goal():
+    assert hook_cost.percent_text(-0.15254) == "-15.3%"     # not "-15%" beside "within: none"
+    assert hook_cost.percent_text(-0.15) == "-15%"          # exactly at the goal: within
+    assert hook_cost.percent_text(0.150004) == "15.0004%"
+    assert hook_cost.percent_text(0.1496) == "15%"          # within, and shown as within
+    assert hook_cost.percent_text(-2.5) == "-250%"
+
+
+def test_stall_band_above_inside_below_and_without_medians():
+    hook = {"measured_ms": 0.0, "compute_ms": 2.0}
+    def band(measured, low=1.5, high=3.0):
+        return hook_cost.stall_band({**hook, "measured_ms": measured}, 6.0, low, high)
+    assert (band(5.0)["with_least_stalls_ms"], band(5.0)["with_most_stalls_ms"]) == (8.0, 14.0)
+    assert band(20.0)["band_text"].startswith("above the band by 6.0 ms")
+    assert band(8.0)["band_text"].startswith("inside the band")       # a bound is inside
+    assert band(14.0)["band_text"].startswith("inside the band")
+    assert band(1.0)["band_text"].startswith("below the band by 7.0 ms")
+    assert hook_cost.stall_range({}) == (1.0, 1.0)
+    assert hook_cost.stall_range(MODEL) == (1.2, 1.5)
+
+
+def test_prediction_verdict_edges():
+    assert hook_cost.direction_text([-0.1, 0.0, 0.2]) == (
+        "below for 1 hook, above for 1 and exactly at for 1")
+    assert hook_cost.direction_text([0.0, 0.0]) == "exactly at the measured time for every hook"
+    tie = copy.deepcopy(HOOKS)
+    predicted = {n: hook_cost.predict_hook_ms(h, 2, MODEL) for n, h in tie.items()}
+    for name, h in tie.items():     # none and fp16 exactly 50 % too low (a tie), others 75 %
+        h["measured_ms"] = (2 if name in ("none", "fp16") else 4) * predicted[name]
+    verdict = hook_cost.prediction(tie, 2, MODEL)
+    assert verdict["least_off"] == "none, fp16"
+    assert verdict["least_off_compute_share"] == max(
+        verdict["per_hook"][n]["compute_share"] for n in ("none", "fp16"))
+    assert hook_cost.compute_share_text(0.5).startswith("most of that prediction is measured")
+    assert hook_cost.compute_share_text(0.49).startswith("most of that prediction is modelled")
+
+
+def test_chapter09_prediction_and_bits_render_from_results(monkeypatch):
+    import chapter09_compression as ch09
+    assert ch09.bits_text(0.0) == "the same bits"
+    assert ch09.bits_text(2.5e-7) == "not the same bits: they differ by up to 2.5e-07"
+    results = json.loads((REPO / "figures/chapter09/results.json").read_text())
+    results["equivalence"]["autocast_text"] = ch09.bits_text(1e-3)
+    results["prediction"] = hook_cost.prediction(
+        {**results["hooks"], "powersgd": {**results["hooks"]["powersgd"], "compute_ms": 0.0}},
+        2, results["prediction"]["model"])
+    page = render_page("09-compression.md", results, "09", monkeypatch)
+    assert "steps: not the same bits: they differ by up to 0.001." in page
+    share = results["prediction"]["least_off_compute_share"]
+    assert f"that compute is\n{share:.0%} of the prediction" in page
+    assert results["prediction"]["least_off_compute_text"] in page
+
+
+def metric(with_ms: float, without_ms: float, call_ms: float) -> dict:
+    return {"step_time_ms": {"with": with_ms, "without": without_ms}, "reduce_ms": call_ms}
+
+
+def test_chapter06_logging_verdict_edges():
+    from ddplab import bubble_report
+    split = bubble_report.logging_verdict(metric(5.5, 4.0, 0.5))
+    assert (split["gap_ms"], split["rest_ms"], split["call_share_of_gap"]) == (1.5, 1.0,
+                                                                               1 / 3)
+    assert split["text"].startswith("The steps with it were 1.50 ms (38%) slower; the call "
+                                    "itself covers about 33% of that, and the other 1.00 ms")
+    over = bubble_report.logging_verdict(metric(4.2, 4.0, 0.5))   # the call exceeds the gap
+    assert "does not split it" in over["text"] and over["rest_ms"] < 0
+    for faster in (metric(4.0, 4.0, 0.5), metric(3.0, 4.0, 0.5)):  # a tie, and faster
+        verdict = bubble_report.logging_verdict(faster)
+        assert verdict["text"].startswith("The steps with it were not slower here")
+        assert verdict["call_share_of_gap"] is None
+
+
+def test_chapter07_dcp_save_verdict_edges():
+    from ddplab import checkpoint_report
+    assert checkpoint_report.dcp_save_verdict(55.0, 44.0).startswith(
+        "here its save took 1.25 times as long")
+    assert checkpoint_report.dcp_save_verdict(40.0, 50.0).endswith(
+        "0.80 times as long as `torch.save`'s: spreading the writing paid")
+    assert checkpoint_report.dcp_save_verdict(50.0, 50.0) == (
+        "here its save took exactly as long as `torch.save`'s")
+
+
+def test_pages_06_07_08_render_their_verdicts(monkeypatch):
+    r06 = json.loads((REPO / "figures/chapter06/results.json").read_text())
+    r06["sync_points"]["metric_reduction"]["verdict"]["text"] = "SENTINEL gap"
+    assert "noisy machine). SENTINEL gap." in render_page("06-bubbles.md", r06, "06", monkeypatch)
+    r07 = json.loads((REPO / "figures/chapter07/results.json").read_text())
+    r07["dcp"]["save_verdict"] = "SENTINEL save"
+    assert "its metadata; SENTINEL save." in render_page("07-checkpointing.md", r07, "07",
+                                                          monkeypatch)
+    r08 = json.loads((REPO / "figures/chapter08/results.json").read_text())
+    r08["scenarios"]["port_taken"]["broken"]["port"] = 40404
+    page = render_page("08-bug-lab.md", r08, "08", monkeypatch)
+    assert "hold port 40404 first" in page and "'sport = :40404'" in page
+
+
+def test_chapter08_records_the_port_its_error_names():
+    from ddplab.bugs import runner
+    record = runner.run_in_main(runner.scenario("port_taken"), fixed=False)
+    assert f"port: {record['port']}," in record["first_line"]

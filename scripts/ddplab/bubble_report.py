@@ -77,6 +77,29 @@ def summarize_sweep(sweep: dict, delays: list[float], slow_rank: int) -> dict:
     return summary
 
 
+def logging_verdict(metric: dict) -> dict:
+    """How much slower the logged step was, and how much of that the logging call's own time
+    covers.  The call is timed inside the logged steps, the steps' medians separately, and
+    medians do not add: the split is rough, and where it cannot hold the text says so."""
+    with_ms, without_ms = metric["step_time_ms"]["with"], metric["step_time_ms"]["without"]
+    gap, call = with_ms - without_ms, metric["reduce_ms"]
+    out = {"gap_ms": gap, "gap_share_of_step": gap / without_ms, "rest_ms": gap - call,
+           "call_share_of_gap": call / gap if gap > 0 else None}
+    if gap <= 0:
+        out["text"] = (f"The steps with it were not slower here ({with_ms:.2f} against "
+                       f"{without_ms:.2f} ms): the call's {call:.2f} ms vanished in the noise of "
+                       "the steps")
+    elif call >= gap:
+        out["text"] = (f"The steps with it were {gap:.2f} ms slower, no more than the call itself "
+                       "took: medians of noisy steps do not add, so this run does not split it")
+    else:
+        out["text"] = (f"The steps with it were {gap:.2f} ms ({gap / without_ms:.0%}) slower; "
+                       f"the call itself covers about {call / gap:.0%} of that, and the other "
+                       f"{gap - call:.2f} ms lie outside it, where this run times nothing "
+                       "(medians do not add exactly, so the split is rough)")
+    return out
+
+
 def chapter_metrics(result: dict, hung: dict, delays: list[float], provenance: dict,
                     traces: list[str], expected_slope: float, bubble_delay_ms: float) -> dict:
     """results.json from rank 0's result, the two hang demonstrations and the trace files."""
@@ -91,7 +114,8 @@ def chapter_metrics(result: dict, hung: dict, delays: list[float], provenance: d
                       "expected_slope": expected_slope, "bucketed": sweeps["bucketed"],
                       "bubble_delay_ms": bubble_delay_ms},
         "syncbn": {k: v for k, v in result["syncbn"].items()},
-        "sync_points": {"metric_reduction": result["metric"],
+        "sync_points": {"metric_reduction": {**result["metric"],
+                                             "verdict": logging_verdict(result["metric"])},
                         "rank0_work": stragglers.rank0_work_numbers(result["rank0_work"]),
                         "rank0_only_collective": hung["rank0_only_collective"]},
         "hook": result["hook"],

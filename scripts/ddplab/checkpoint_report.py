@@ -185,10 +185,22 @@ def save_costs(reference: dict, work: Path, world_size: int) -> dict:
     phases["prune_barrier"] = max(0.0, save_ms - sum(phases.values()))
     dcp_dir = dcpck.list_distributed(work / "reference" / "dcp")[-1]
     dcp_mb = dcpck.dcp_mb_per_rank(dcp_dir, world_size)
+    dcp_ms = timing.median([s["dcp"] for s in reference["saves"]])
     return {"save_ms": save_ms, "save_phases_ms": phases,
             "checkpoint_mb": torch_saves[-1]["torch_bytes"] / 1e6,
-            "dcp": {"save_ms": timing.median([s["dcp"] for s in reference["saves"]]),
-                    "mb_per_rank": dcp_mb, "checkpoint_mb": sum(dcp_mb)}}
+            "dcp": {"save_ms": dcp_ms, "mb_per_rank": dcp_mb, "checkpoint_mb": sum(dcp_mb),
+                    "save_verdict": dcp_save_verdict(dcp_ms, save_ms)}}
+
+
+def dcp_save_verdict(dcp_ms: float, torch_ms: float) -> str:
+    """DCP's save against torch.save's, in words: which one paused training longer here."""
+    if dcp_ms > torch_ms:
+        return (f"here its save took {dcp_ms / torch_ms:.2f} times as long as `torch.save`'s: "
+                "spreading the writing did not pay")
+    if dcp_ms < torch_ms:
+        return (f"even so, here its save took {dcp_ms / torch_ms:.2f} times as long as "
+                "`torch.save`'s: spreading the writing paid")
+    return "here its save took exactly as long as `torch.save`'s"
 
 
 def resumed_metrics(dcp: dict, resumed: dict, resumed_dcp: dict, crash_error: str,

@@ -46,8 +46,10 @@ class Link:
 # highest bandwidth, which NCCL's tuner favours for large messages): ``hwLat`` in nccl
 # src/graph/tuning.cc.  NVLink's entry is 3.4 µs
 # in every NCCL version read; the network row's ("NET", InfiniBand and sockets alike) is 14.0 µs
-# in current NCCL and 9.6 µs in older releases, so α's range there is 9.6-14 µs.  Ethernet adds
-# the kernel's TCP stack on top of NCCL's 14 µs, assumed: tens of µs per small message.
+# in current NCCL and 9.6 µs in older releases, so α's range there is 9.6-14 µs.  Ethernet's α
+# adds the kernel's TCP stack on top of NCCL's 14 µs, assumed (20-30 µs, more on slower links);
+# its range reaches down to the network row's 9.6 µs: Ethernet without the kernel (RoCE, which
+# NCCL drives through its InfiniBand transport).  The pages render these numbers from here.
 NET_ALPHA_RANGE_US = (9.6, 14.0)
 LINKS = {
     "nvlink4": Link("NVLink 4 (H100 SXM)", 450.0, 3.4,

@@ -7,8 +7,6 @@ A hook's reduction costs its all-reduces (counted: ``comm_hooks.count_bytes``) t
 
 from __future__ import annotations
 
-import math
-
 from .costmodel import LINKS, parameter_buckets, ring_time, transformer_matrices
 
 H100 = {"hbm_bytes_per_s": 3.35e12, "fp32_flops": 67e12}  # H100 SXM datasheet (HBM3, FP32)
@@ -19,6 +17,7 @@ H100 = {"hbm_bytes_per_s": 3.35e12, "fp32_flops": 67e12}  # H100 SXM datasheet (
 # (read 4 + 4, write 4): 44 B, besides its 6·n·m·r flops.
 CAST_BYTES_PER_ELEMENT, POWERSGD_BYTES_PER_ELEMENT = 16, 44
 CAP_BYTES = 25 * 2**20          # DDP's default bucket_cap_mb
+GOAL = 0.15                     # the relative error the prediction aims to stay within
 
 
 # --8<-- [start:predict]
@@ -31,49 +30,100 @@ def predict_hook_ms(hook: dict, world: int, m: dict) -> float:
 # --8<-- [end:predict]
 
 
-def stall_factor(size: float, m: dict) -> float:
-    """How much slower chapter 03's median all-reduce was than the calls its fit used, at the
-    measured size nearest ``size`` (on a log scale); 1 if the run did not record medians."""
-    ratios = m.get("median_over_fit") or {}
-    if not ratios or size <= 0:
-        return 1.0
-    nearest = min(ratios, key=lambda s: abs(math.log(float(s) / size)))
-    return ratios[nearest]
+def stall_range(m: dict) -> tuple[float, float]:
+    """The smallest and largest ratio of chapter 03's median all-reduce to the fast calls its fit
+    used, over all its sizes; (1, 1) if the run did not record medians.  Neighbouring sizes
+    differ by 2x and more, so one size's ratio says little: only the range is used."""
+    ratios = list((m.get("median_over_fit") or {}).values()) or [1.0]
+    return min(ratios), max(ratios)
+
+
+def percent_text(value: float, limit: float = GOAL) -> str:
+    """``value`` as a percentage with as many decimals as it takes for the rounded number to fall
+    on the same side of ``limit`` as the value itself (15.25 % is not shown as 15 %)."""
+    for decimals in range(0, 6):
+        text = f"{value:.{decimals}%}"
+        if (abs(float(text.rstrip("%")) / 100) <= limit) == (abs(value) <= limit):
+            return text
+    return f"{value:%}"
+
+
+def stall_band(h: dict, predicted: float, low: float, high: float) -> dict:
+    """Where the measured time falls against the prediction with its communication slowed by
+    chapter 03's smallest and largest stall ratio.  The hooks were not timed for stalls, so
+    the run cannot say how much of the gap stalls explain; it can only say whether stalls of
+    chapter 03's size could explain all of it, none of it, or too much."""
+    comm = predicted - h["compute_ms"]
+    band = (comm * low + h["compute_ms"], comm * high + h["compute_ms"])
+    measured = h["measured_ms"]
+    if measured > band[1]:
+        text = (f"above the band by {measured - band[1]:.1f} ms: more than stalls of chapter "
+                "03's size explain")
+    elif measured < band[0]:
+        text = (f"below the band by {band[0] - measured:.1f} ms: faster than even the "
+                "least-stalled prediction")
+    else:
+        text = "inside the band: stalls of chapter 03's size could explain the gap"
+    return {"with_least_stalls_ms": band[0], "with_most_stalls_ms": band[1], "band_text": text}
 
 
 def prediction(hooks: dict, world: int, m: dict | None) -> dict:
     """Predicted against measured, per hook, and what the comparison says: the range of the
-    errors, which hook is least off, and how much of each gap the stalls explain."""
+    errors, which hook is least off (and how much of its prediction is measured compute), and
+    whether each measured time lies inside the band chapter 03's stalls span."""
     if m is None:
         return {"skipped": "no figures/chapter03/results.json: run chapter 03 first"}
+    low, high = stall_range(m)
     rows = {}
     for name, h in hooks.items():
         predicted = predict_hook_ms(h, world, m)
-        comm = predicted - h["compute_ms"]  # scaled at the calls' mean size, one factor for all
-        with_stalls = comm * stall_factor(h["payload_bytes"] / max(h["calls"], 1), m) + (
-            h["compute_ms"])
-        gap = h["measured_ms"] - predicted
+        rel_err = (predicted - h["measured_ms"]) / h["measured_ms"]
         rows[name] = {"predicted_ms": predicted, "measured_ms": h["measured_ms"],
-                      "rel_err": (predicted - h["measured_ms"]) / h["measured_ms"],
-                      "predicted_with_stalls_ms": with_stalls,
-                      "stalls_explain": (with_stalls - predicted) / gap if gap else 0.0,
-                      "unexplained_ms": h["measured_ms"] - with_stalls}
-    return {"per_hook": rows, **error_verdict(rows), "model": m}
+                      "rel_err": rel_err, "rel_err_text": percent_text(rel_err),
+                      "compute_share": h["compute_ms"] / predicted if predicted else 0.0,
+                      **stall_band(h, predicted, low, high)}
+    return {"per_hook": rows, **error_verdict(rows), "stall_ratio_range": [low, high],
+            "model": m}
 
 
 def error_verdict(rows: dict) -> dict:
     errors = {name: r["rel_err"] for name, r in rows.items()}
-    within = [n for n, e in errors.items() if abs(e) <= 0.15]
-    below, above = sum(e < 0 for e in errors.values()), sum(e > 0 for e in errors.values())
-    direction = ("below the measured time for every hook" if below == len(errors) else
-                 "above the measured time for every hook" if above == len(errors) else
-                 f"below for {below} hooks and above for {above}")
+    within = [n for n, e in errors.items() if abs(e) <= GOAL]
+    direction = direction_text(list(errors.values()))
+    least = min(abs(e) for e in errors.values())
+    least_off = [n for n, e in errors.items() if abs(e) == least]   # every hook of a tie
+    share = max(rows[n]["compute_share"] for n in least_off)
     return {"max_abs_rel_err": max(abs(e) for e in errors.values()),
             "min_rel_err": min(errors.values()), "max_rel_err": max(errors.values()),
-            "least_off": min(errors, key=lambda n: abs(errors[n])),
+            "min_rel_err_text": percent_text(min(errors.values())),
+            "max_rel_err_text": percent_text(max(errors.values())),
+            "least_off": ", ".join(least_off),
+            "least_off_compute_share": share,
+            "least_off_compute_text": compute_share_text(share),
             "most_off": max(errors, key=lambda n: abs(errors[n])),
             "direction_text": direction, "within_15_percent": within,
             "within_15_percent_text": ", ".join(within) if within else "none of them"}
+
+
+def direction_text(errors: list[float]) -> str:
+    """On which side of the measured time the predictions fall, counted (ties are 'exactly')."""
+    counts = {"below": sum(e < 0 for e in errors), "above": sum(e > 0 for e in errors),
+              "exactly at": sum(e == 0 for e in errors)}
+    for side, n in counts.items():
+        if n == len(errors):
+            return f"{side} the measured time for every hook"
+    parts = [f"{side} for {n}" for side, n in counts.items() if n]
+    parts[0] += " hook" if parts[0].endswith(" 1") else " hooks"
+    return ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def compute_share_text(share: float) -> str:
+    """What a small error is worth when ``share`` of the prediction is compute measured in the
+    same run rather than modelled."""
+    if share >= 0.5:
+        return ("most of that prediction is measured, not modelled: its small error says "
+                "little about the α-β model")
+    return "most of that prediction is modelled communication: its error tests the α-β model"
 
 
 # --- where does compression pay? --------------------------------------------------------
@@ -139,7 +189,8 @@ def link_rows(alpha_us, loopback: dict | None) -> dict:
     """The link table as the model reads it, α chosen by ``alpha_us(link)``; loopback first
     (chapter 03's fit: one measured α, no range), when there is a fit."""
     links = {key: {"alpha_s": alpha_us(link) * 1e-6, "bytes_per_s": link.gbytes_per_s * 1e9,
-                   "name": link.name}
+                   "name": link.name, "alpha_us": alpha_us(link),
+                   "alpha_range_us": list(link.alpha_range_us)}
              for key, link in sorted(LINKS.items(), key=lambda kv: kv[1].gbytes_per_s)}
     if loopback is None:
         return links

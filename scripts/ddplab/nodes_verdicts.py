@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+from .nodes_report import LOSS_SIGNS
+
 RUN_NAMES = {"1x2_loopback": "1 × 2 loopback", "2x2_unshaped": "2 × 2 unshaped",
              "2x2_1gbit": "2 × 2 at 1 Gbit/s", "2x2_100mbit": "2 × 2 at 100 Mbit/s"}
 BACKWARD_SHARE = 2 / 3  # the cost model's assumption (costmodel.step_time)
@@ -13,10 +15,19 @@ BACKWARD_SHARE = 2 / 3  # the cost model's assumption (costmodel.step_time)
 
 def verdicts(metrics: dict, rates_mbit: dict, bucket_bytes: float) -> dict:
     out = {"model": model_verdict(metrics["validation"]["runs"]),
-           "projection": projection_verdict(metrics["projection"])}
+           "projection": projection_verdict(metrics["projection"]),
+           "gamma_text": gamma_text(metrics["calibration"].get("gamma_s_per_byte"))}
     if metrics.get("two_node"):
         out["cable"] = cable_verdict(metrics["two_node"]["phases"], rates_mbit, bucket_bytes)
+        out["heard"] = {how: heard(metrics["two_node"][how].get("node_a_heard"))
+                        for how in ("failover", "power_cut") if how in metrics["two_node"]}
     return out
+
+
+def heard(line: str | None) -> str:
+    """The words in node a's error that say how it learnt of the loss."""
+    return next((sign for sign in LOSS_SIGNS if sign in (line or "")),
+                "no error line that names the loss")
 
 
 def words(names: list[str]) -> str:
@@ -30,8 +41,33 @@ def model_verdict(runs: dict) -> dict:
                   and r["rel_error"] > 0.15]
     pessimistic = [n for n, r in runs.items() if r["predicted_ms"] > r["measured_ms"]
                    and r["rel_error"] > 0.15]
+    schedule_misses = [n for n, r in runs.items() if r["rel_error_own_allreduce"] > 0.15]
+    largest = max(r["rel_error"] for r in runs.values())
+    worst = [n for n, r in runs.items() if r["rel_error"] == largest]   # every run of a tie
+    directions = {direction(runs[n]) for n in worst}
     return {"within_15_percent": words(within), "optimistic_beyond_15_percent": words(optimistic),
-            "pessimistic_beyond_15_percent": words(pessimistic)}
+            "pessimistic_beyond_15_percent": words(pessimistic),
+            "schedule_beyond_15_percent": words(schedule_misses),
+            "most_off": words(worst), "most_off_rel_error": largest,
+            "most_off_direction": (directions.pop() if len(directions) == 1
+                                   else "optimistic on one, pessimistic on another")}
+
+
+def direction(run: dict) -> str:
+    """Whether the model predicted a faster step than measured, a slower one, or the same."""
+    if run["predicted_ms"] < run["measured_ms"]:
+        return "optimistic (a faster step than measured)"
+    if run["predicted_ms"] > run["measured_ms"]:
+        return "pessimistic (a slower step than measured)"
+    return "exact"
+
+
+def gamma_text(gamma_s_per_byte: float | None) -> str:
+    """γ as the page states it; a calibration without one adds at no cost (ring_time's 0)."""
+    if not gamma_s_per_byte:
+        return ("no γ: the chapter 03 run it read recorded none, so the model counts "
+                "adding as free")
+    return f"γ from chapter 03: adding at {1e-9 / gamma_s_per_byte:.3g} GB/s"
 
 
 def cable_verdict(phases: dict, rates_mbit: dict, bucket_bytes: float) -> dict:
@@ -50,9 +86,14 @@ def cable_verdict(phases: dict, rates_mbit: dict, bucket_bytes: float) -> dict:
                       "allreduce_bytes": int(nearest), "allreduce_ms": allreduce_ms,
                       "backward_ms": backward_ms,
                       "allreduce_over_backward": allreduce_ms / backward_ms,
-                      "allreduce_vs_backward": ("longer than" if allreduce_ms > backward_ms
-                                                else "shorter than")}
+                      "allreduce_vs_backward": compare(allreduce_ms, backward_ms)}
     return out
+
+
+def compare(allreduce_ms: float, backward_ms: float) -> str:
+    if allreduce_ms > backward_ms:
+        return "longer than"
+    return "shorter than" if allreduce_ms < backward_ms else "as long as"
 
 
 def projection_verdict(curves: dict) -> dict:

@@ -61,11 +61,13 @@ def run_in_main(sc: Scenario, fixed: bool) -> dict:
     """The scenarios that happen before there is any rank: no launch, no process group."""
     start = time.perf_counter()
     mine: dict = {"rank": None, "error": None, "value": None}
+    taken = None
     try:
         if sc.name == "port_taken":
             other_job = port_held_by_another_job()
+            taken = other_job.getsockname()[1]
             try:
-                store = (sc.fixed() if fixed else sc.broken())(other_job.getsockname()[1])
+                store = (sc.fixed() if fixed else sc.broken())(taken)
                 mine["value"] = f"the store listens on port {store.port}"
                 del store
             finally:
@@ -76,7 +78,10 @@ def run_in_main(sc: Scenario, fixed: bool) -> dict:
         mine["error"] = error_lines(err)
     mine["seconds"] = time.perf_counter() - start
     mine["warnings"] = []
-    return judge(sc, fixed, [mine])
+    record = judge(sc, fixed, [mine])
+    if taken is not None:
+        record["port"] = taken  # the port the other job held: the page's `ss` command names it
+    return record
 
 
 def judge(sc: Scenario, fixed: bool, everyone: list[dict]) -> dict:
