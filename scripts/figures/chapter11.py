@@ -99,10 +99,11 @@ def draw_ledger(ledger: dict, path) -> None:
             ax.text(x, bottom, "=" if exact else "≠", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(STAGES)), [SHORT[s] for s in STAGES], fontsize=8)
     ax.set_ylabel("KiB per rank")
-    ax.set_yscale("log")
+    top = max(rank[s]["profiler_peak"] for rank in per_rank for s in STAGES) / 1024
+    ax.set_ylim(0, top * 1.45)
     ax.set_title(f"Measured: every byte each of {world} ranks holds after a step "
                  "(=: equal to the formula)", fontsize=9.5)
-    ax.legend(fontsize=7.5, loc="upper right", ncols=2)
+    ax.legend(fontsize=7.5, loc="upper center", ncols=3)
     plotting.save(fig, path)
 
 
@@ -126,26 +127,29 @@ def draw_gathers(layers: list, path) -> None:
             schedule.append(("all-gather", i + 1, t, 1.0))
         schedule.append(("compute", i, t, 1.0))
         t += 1.0
+    schedule.append(("all-gather", n - 1, t, 1.0))  # freed after forward: gathered again
+    t += 1.0
     for i in reversed(range(n)):  # backward: gather the next (earlier) layer, reduce this one
         if i - 1 >= 0:
             schedule.append(("all-gather", i - 1, t, 1.0))
         schedule.append(("compute", i, t, 2.0))
         schedule.append(("reduce-scatter", i, t + 2.0, 1.0))
         t += 2.0
+    t += 1.0
     for kind, layer, start, length in schedule:
         y = rows[kind]
         ax.add_patch(Rectangle((start, y + 0.1), length * 0.95, 0.8, color=colors[kind]))
         ax.text(start + length * 0.47, y + 0.5, str(layer), ha="center", va="center",
                 color="white", fontsize=8)
     ax.axvline(n + 1, color="black", linestyle=":", linewidth=1)
-    ax.text(n + 1.1, 2.95, "backward starts", fontsize=8, va="top")
+    ax.text(n + 1.1, 3.05, "backward starts", fontsize=8, va="top")
     ax.set_yticks([0.5, 1.5, 2.5], ["reduce-scatter", "compute", "all-gather"])
     ax.set_xlim(0, t + 1.2)
-    ax.set_ylim(0, 3.1)
+    ax.set_ylim(0, 3.2)
     ax.set_xticks([])
     ax.grid(False)
-    ax.set_title(f"Drawn, not measured: one FSDP step over {n} layers (numbers: layer); "
-                 "each gather freed after use", fontsize=9.5)
+    ax.set_title(f"Drawn, not measured: one FSDP step over {n} layers (numbers: layer), "
+                 "the next layer's gather prefetched", fontsize=9.5)
     plotting.save(fig, path)
 
 
