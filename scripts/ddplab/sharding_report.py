@@ -64,6 +64,7 @@ def verdicts(r: dict) -> dict:
                                  / acc["clipping"]["full_model_norm"]
                                  for n in acc["clipping"]["local_norm_per_rank"]),
     }
+    out["fsdp_ours_params_text"] = hand_fsdp_params(per_rank)
     halves = comm["ring_halves"].get("sizes")
     if halves:
         largest = halves[-1]["median_ms"]
@@ -80,6 +81,19 @@ def verdicts(r: dict) -> dict:
     if "continued_max_abs_diff" in reshard:
         out["reshard_text"] = equal_text(reshard["continued_max_abs_diff"])
     return out
+
+
+def hand_fsdp_params(per_rank: list) -> str:
+    """What FullyShardedDP's parameters cost on rank 0, against its formula and DDP's."""
+    held = per_rank[0]["fsdp_ours"]["held"]["params"]
+    if held == per_rank[0]["fsdp_ours"]["predicted"]["params"]:
+        return "its shards' bytes, as the formula says"
+    if held == per_rank[0]["ddp"]["held"]["params"]:
+        return ("the whole model's parameter bytes, as DDP does: each shard is a view into its "
+                "full parameter (a slice of rows is contiguous, so `.contiguous()` copies "
+                "nothing) and keeps that parameter's whole storage alive")
+    return f"{held:,} B of parameters where the formula says " \
+           f"{per_rank[0]['fsdp_ours']['predicted']['params']:,} B"
 
 
 def summarize(r: dict, prov: dict) -> str:
