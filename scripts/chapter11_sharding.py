@@ -21,14 +21,11 @@ results.json} (or under --out DIR); the figures are drawn from results.json alon
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -297,7 +294,10 @@ def accumulation(ctx, args) -> dict:
         out[mode] = {"bytes": dict(ours.bytes), "profiler_peak": peak,
                      "ours_vs_fully_shard": probe.max_diff(
                          [*ours.parameters(), *probe.adam_state(ours, ours_opt)],
-                         [*theirs.parameters(), *probe.adam_state(theirs, theirs_opt)])}
+                         [*theirs.parameters(), *probe.adam_state(theirs, theirs_opt)]),
+                     "gradients_held": probe.gradients_held_before_last(
+                         FullyShardedDP(make_model(size).to(ctx.device)), *data[0],
+                         args.micro_batches, sync_each)}
     out["modes_differ_by"] = probe.max_diff(params["every_micro_batch"], params["once_per_step"])
     return {"micro_batches": args.micro_batches, **out, "clipping": clipping(ctx, size)}
 
@@ -378,17 +378,6 @@ def dcp_continue(ctx, args) -> dict | None:
     return out if ctx.is_main else None
 
 
-def reshard(args, run) -> dict:
-    if run.provenance["launcher"] == "torchrun":
-        return {"skipped": "under torchrun the processes are the ranks: a script cannot start "
-                           "other world sizes. Run it with python for the 2 -> 3 reload."}
-    with tempfile.TemporaryDirectory(prefix="chapter11-dcp-") as folder:
-        sub = argparse.Namespace(**{**vars(args), "checkpoint": Path(folder)})
-        saved = ddplab.launch(dcp_save, argparse.Namespace(**{**vars(sub), "world_size": 2}))
-        loaded = ddplab.launch(dcp_continue, argparse.Namespace(**{**vars(sub), "world_size": 3}))
-    return {"saved_at": saved.result["world_size"], **loaded.result}
-
-
 # --- the launching process --------------------------------------------------------------------
 
 def worker(ctx: ddplab.RankContext, args) -> dict | None:
@@ -430,7 +419,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if run is None:
         return None
     result = run.result
-    result["reshard"] = reshard(args, run)
+    result["reshard"] = probe.save_then_continue(args, run, dcp_save, dcp_continue)
     result["cost_model"] = report.cost_model(costmodel)
     result["verdicts"] = report.verdicts(result)
     with ddplab.chapter_output(args.out, CHAPTER) as out:

@@ -89,6 +89,10 @@ def test_accumulation_clipping_and_the_reload_at_three_ranks(spawned):
     every, once = acc["every_micro_batch"]["bytes"], acc["once_per_step"]["bytes"]
     assert every["all_gather"] == once["all_gather"]  # the gathers happen either way
     assert every["reduce_scatter"] == k * once["reduce_scatter"]
+    # Before the last micro-batch: full gradients (DDP's bytes) against this rank's padded shards.
+    rank0 = results["ledger"]["per_rank"][0]
+    assert acc["once_per_step"]["gradients_held"] == rank0["ddp"]["held"]["grads"]
+    assert acc["every_micro_batch"]["gradients_held"] == rank0["fully_shard"]["predicted"]["grads"]
     clip = acc["clipping"]
     assert clip["global_rel_err"] < 1e-5
     assert all(n < clip["full_model_norm"] for n in clip["local_norm_per_rank"])

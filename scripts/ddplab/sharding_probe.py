@@ -198,3 +198,36 @@ def max_diff(xs, ys) -> float:
 
 def adam_state(model, optimizer):
     return [optimizer.state[p][k] for p in model.parameters() for k in ("exp_avg", "exp_avg_sq")]
+
+
+def gradients_held_before_last(model: FullyShardedDP, x, y, micro: int, sync_each: bool) -> int:
+    """Gradient bytes ``model`` holds after all micro-batches but the last: its shards'
+    gradients (reduce-scattered every micro-batch) or full, unsharded ones (sync off)."""
+    import torch.nn.functional as F
+
+    model.set_requires_gradient_sync(sync_each)
+    for xm, ym in list(zip(x.chunk(micro), y.chunk(micro), strict=True))[:-1]:
+        (F.cross_entropy(model(xm), ym) / micro).backward()
+    model.set_requires_gradient_sync(True)
+    full = sum(f.grad.untyped_storage().nbytes() for u in model.units for f in u.full
+               if f.grad is not None)
+    return full + int(measure(model.parameters()).grads)
+
+
+def save_then_continue(args, run, save, resume) -> dict:
+    """Launch ``save`` on 2 ranks, then ``resume`` on 3, with a checkpoint folder that is
+    removed afterwards, whatever happens."""
+    import argparse
+    import tempfile
+    from pathlib import Path
+
+    from .launch import launch
+
+    if run.provenance["launcher"] == "torchrun":
+        return {"skipped": "under torchrun the processes are the ranks: a script cannot start "
+                           "other world sizes. Run it with python for the 2 -> 3 reload."}
+    with tempfile.TemporaryDirectory(prefix="chapter11-dcp-") as folder:
+        given = {**vars(args), "checkpoint": Path(folder)}
+        saved = launch(save, argparse.Namespace(**{**given, "world_size": 2}))
+        loaded = launch(resume, argparse.Namespace(**{**given, "world_size": 3}))
+    return {"saved_at": saved.result["world_size"], **loaded.result}

@@ -59,6 +59,8 @@ def verdicts(r: dict) -> dict:
         "accumulate_bytes_ratio": bytes_every / bytes_once,
         "accumulate_peak_ratio": (acc["once_per_step"]["profiler_peak"]
                                   / acc["every_micro_batch"]["profiler_peak"]),
+        "accumulate_held_ratio": (acc["once_per_step"]["gradients_held"]
+                                  / acc["every_micro_batch"]["gradients_held"]),
         "accumulate_modes_text": equal_text(acc["modes_differ_by"]),
         "local_norm_off_by": max(abs(n - acc["clipping"]["full_model_norm"])
                                  / acc["clipping"]["full_model_norm"]
