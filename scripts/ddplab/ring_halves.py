@@ -43,6 +43,7 @@ def ring_all_gather(output: torch.Tensor, input: torch.Tensor, group=None, *,
     plan = [((rank - s - 1) % world, False) for s in range(world - 1)]
     _relay(group, rank, world, chunks, plan, first=rank, segment_bytes=segment_bytes)
     return output
+# --8<-- [end:halves]
 
 
 def _relay(group, rank, world, chunks, plan, first: int, segment_bytes: int) -> None:
@@ -55,4 +56,3 @@ def _relay(group, rank, world, chunks, plan, first: int, segment_bytes: int) -> 
     for step in range(len(plan)):
         link.relay(pass_on=step < len(plan) - 1)
     link.finish()
-# --8<-- [end:halves]
