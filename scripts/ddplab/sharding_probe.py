@@ -79,7 +79,9 @@ def record_timeline(model: FullyShardedDP, names: list[str], start: float) -> li
     def timed(kind, method):
         def run(unit, *args):
             t0 = time.perf_counter()
-            done = unit.gathered if kind == "all-gather" else False
+            # A call that finds nothing to do (already gathered, no gradient left) is no event.
+            done = (unit.gathered if kind == "all-gather"
+                    else all(f.grad is None for f in unit.full))
             out = method(unit, *args)
             if not done:
                 events.append({"kind": kind, "layer": names[index[id(unit)]],
