@@ -15,8 +15,16 @@ STAGES = ("ddp", "zero1_ours", "zero1_native", "zero2", "fsdp_ours", "fully_shar
 
 
 @pytest.fixture(scope="module")
-def spawned(tmp_path_factory):
-    return run_quick(tmp_path_factory, SCRIPT, 11)
+def scratch(tmp_path_factory):
+    """The run's TMPDIR: the 2 -> 3 rank checkpoint goes there and must not stay."""
+    return tmp_path_factory.mktemp("tmpdir")
+
+
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory, scratch):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(scratch))
+        return run_quick(tmp_path_factory, SCRIPT, 11)
 
 
 @pytest.mark.slow
@@ -29,6 +37,14 @@ def test_quick_run_writes_every_figure_and_its_provenance(spawned):
     assert "Largest difference" in run.stdout
     assert "USDT" not in run.stderr  # the profiler's start/stop lines are kept off the screen
     assert "leaked" not in run.stderr
+
+
+@pytest.mark.slow
+def test_the_run_leaves_nothing_in_tmpdir(spawned, scratch):
+    assert spawned[2]["reshard"]["world_size"] == 3  # the checkpoint was written there
+    # torch's compiler cache (torchinductor_<user>) is meant to outlive runs: not ours.
+    left = [p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_")]
+    assert left == []
 
 
 @pytest.mark.slow
