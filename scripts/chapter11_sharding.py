@@ -14,7 +14,7 @@ Run it:
     torchrun --standalone --nproc-per-node 2 scripts/chapter11_sharding.py  # no 2 -> 3 reload
     python scripts/chapter11_sharding.py --replot       # only redraw the figures
 
-Writes figures/chapter11/{ledger_formula.png, ledger.png, gathers.png, timeline.png,
+Writes out/chapter11/{ledger_formula.png, ledger.png, gathers.png, timeline.png, halves.png,
 results.json} (or under --out DIR); the figures are drawn from results.json alone
 (scripts/figures/chapter11.py).
 """

@@ -67,6 +67,9 @@ def verdicts(r: dict) -> dict:
                                  for n in acc["clipping"]["local_norm_per_rank"]),
     }
     out["fsdp_ours_params_text"] = hand_fsdp_params(per_rank)
+    timeline = comm["timeline"]
+    out["timeline_comm_share"] = sum(e["end_ms"] - e["start_ms"] for e in timeline["events"]
+                                     if e["kind"] != "forward") / timeline["end_ms"]
     halves = comm["ring_halves"].get("sizes")
     if halves:
         largest = halves[-1]["median_ms"]
