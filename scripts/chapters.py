@@ -143,6 +143,22 @@ CHAPTERS = (
             "real multi-node runs: one `torchrun` per machine (the recipes)",
             (Headline("two-node failover vs uninterrupted: largest difference",
                       "two_node.failover.max_abs_diff", "g"),)),
+    Chapter(11, "sharding", "sharding", "Sharding: ZeRO and FSDP",
+            "the memory ledger, counted to the byte; ZeRO-1, ZeRO-2 and FSDP by hand, bitwise "
+            "against `ZeroRedundancyOptimizer` and `fully_shard`; bytes per step; a sharded "
+            "checkpoint saved at 2 ranks and continued at 3",
+            "the ledger, the equality and the timeline with the ranks sharing the GPU over gloo "
+            "(`fully_shard` on a CUDA mesh)",
+            "FSDP's gathers and reduce-scatters on nccl, and the ring's halves against nccl's "
+            "(the script times the halves on gloo only)",
+            (Headline("FullyShardedDP vs fully_shard: largest difference",
+                      "equality.max_abs_diff.fsdp_ours_vs_fully_shard", "g"),
+             Headline("ShardedOptimizer vs ZeroRedundancyOptimizer: largest difference",
+                      "equality.max_abs_diff.zero1_ours_vs_zero_redundancy", "g"),
+             Headline("fully_shard bytes sent per step / DDP's",
+                      "verdicts.fsdp_sends_over_ddp", ".2f"),
+             Headline("DCP 2 -> 3 ranks, continued: largest difference",
+                      "reshard.continued_max_abs_diff", "g"))),
 )
 
 

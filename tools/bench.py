@@ -10,7 +10,8 @@ unless a chapter itself failed.
 
 Timing relations the chapters claim are measured here too, not in the tests: chapter 06's
 idle time against the injected delay (slope within ``SLOPE_TARGET``) and the rest of
-``RELATIONS``, flagged the same way and recorded with the times.
+``RELATIONS``, and chapter 11's hand-written sharding against native (``SHARDING_GOALS``),
+flagged the same way and recorded with the times.
 
     python tools/bench.py [--limit 60] [extra flags for every chapter, e.g. --world-size 2]
     python tools/bench.py --record     # also times grading each solution, and writes both to
@@ -174,8 +175,38 @@ def grading_seconds(root: Path = ROOT) -> dict[str, float]:
     return times
 
 
+SHARDING_GOALS = {"fsdp_step_ratio": 1.0, "zero1_step_ratio": None, "peak_ratio": 1.0}
+
+
+def sharding_bench() -> dict:
+    """Chapter 11's hand-written sharding against native on 2 CPU ranks: FullyShardedDP /
+    fully_shard and ShardedOptimizer / ZeroRedundancyOptimizer step time, and FullyShardedDP /
+    fully_shard peak memory per rank (``ddplab/sharding_bench.py``)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from ddplab import sharding_bench
+    from ddplab.launch import launch
+
+    args = argparse.Namespace(world_size=2, backend="gloo", device="cpu", quick=True, seed=0,
+                              timeout=300.0, replot=False, out=Path(tempfile.gettempdir()))
+    return launch(sharding_bench.bench_worker, args).result
+
+
+def sharding_table(found: dict) -> str:
+    """The ratios, flagged where a goal is missed (flagged, not failed)."""
+    values = {"fsdp_step_ratio": found["fsdp_step_ratio"],
+              "zero1_step_ratio": found["zero1_step_ratio"],
+              "peak_ratio": max(found["peak_ratio_per_rank"])}
+    lines = []
+    for name, value in values.items():
+        goal = SHARDING_GOALS[name]
+        off = f"   OFF: goal <= {goal:g}" if goal is not None and value > goal else ""
+        lines.append(f"chapter 11 {name:<27} {value:>8.2f}{off}")
+    return "\n".join(lines)
+
+
 def record(rows: list[Row], grading: dict[str, float], root: Path = ROOT,
-           relations: dict[str, float] | None = None, doctor_s: float | None = None) -> Path:
+           relations: dict[str, float] | None = None, doctor_s: float | None = None,
+           sharding: dict | None = None) -> Path:
     """figures/bench/results.json: the times with where they were measured."""
     import torch  # only for the version: the chapters themselves ran in their own processes
 
@@ -192,6 +223,7 @@ def record(rows: list[Row], grading: dict[str, float], root: Path = ROOT,
         "grading_seconds_max": max(grading.values()),
         "straggler_relations": relations or {},
         "doctor_seconds": doctor_s,
+        "sharding": sharding or {},
         "provenance": {"torch": torch.__version__, "python": platform.python_version(),
                        "backend": "gloo", "device": cpu_model(), "world_size": 2,
                        "launcher": "mp.spawn", "quick": True, "cpu_count": os.cpu_count(),
@@ -218,10 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows, args.limit))
     print(relations_table(relations))
     print(doctor_line(doctor_s, doctor_code))
+    sharding = sharding_bench()
+    print(sharding_table(sharding))
     if args.record and exit_status(rows) == 0:
         grading = grading_seconds()
         print("grading a solution: " + ", ".join(f"{c} {t:.1f} s" for c, t in grading.items()))
-        path = record(rows, grading, relations=relations, doctor_s=doctor_s)
+        path = record(rows, grading, relations=relations, doctor_s=doctor_s, sharding=sharding)
         print(f"wrote {path.relative_to(ROOT)}")
     return exit_status(rows)
 

@@ -76,6 +76,9 @@ DAYS: dict[int, tuple[Session, ...]] = {
         Break(15),
         Session("Many machines", 10, 10, 0, 15,
                 ("diagrams/ranks_two_nodes.png", "chapter10/projection.png")),
+        Session("Sharding: ZeRO and FSDP", 11, 15, 25, 10,
+                ("chapter11/ledger_formula.png", "chapter11/ledger.png",
+                 "chapter11/gathers.png", "chapter11/timeline.png")),
         Session("Wrap-up", fixed_min=15),
     ),
 }

@@ -230,3 +230,35 @@ def fitted_allreduce(allreduce_s: dict, world: int):
     (alpha, beta), *_ = np.linalg.lstsq(design, times, rcond=None)
     alpha, beta = max(alpha, 0.0), max(beta, 1e-15)
     return lambda size: messages * alpha + per_byte * size * beta
+
+
+# --8<-- [start:zero3]
+def zero3_bytes_per_step(param_bytes: float, n: int, reshard_after_forward: bool = True) -> dict:
+    """Bytes one rank sends per step in a ring, DDP against FSDP (ZeRO-3), for a model of
+    ``param_bytes``: DDP all-reduces the gradients, 2(N-1)/N·S; FSDP all-gathers the parameters
+    before forward, again before backward (unless it kept them: ZeRO-2's traffic), and
+    reduce-scatters the gradients, (N-1)/N·S each."""
+    half = (n - 1) / n * param_bytes
+    gathers = 2 if reshard_after_forward else 1
+    return {"ddp": 2 * half, "fsdp": (gathers + 1) * half, "ratio": (gathers + 1) / 2}
+
+
+def fsdp_hiding_threshold(layer_params: float, n: int, *, link: str, bytes_per_param: int = 2,
+                          peak_tflops: float = 989.0, mfu: float = 0.4) -> dict:
+    """Tokens per rank per step above which FSDP's all-gathers hide behind compute.
+
+    Assumptions: every unit is one layer of ``layer_params``; the next layer's all-gather is
+    prefetched while this layer computes, so it hides when a layer's forward (2·P FLOPs per
+    token) takes at least one all-gather of the layer; backward (4·P per token, one all-gather
+    and one reduce-scatter per layer) gives the same condition; one flat ring over ``n`` ranks
+    whose slowest hop is ``link`` (one NIC per GPU), at ``mfu`` of ``peak_tflops``."""
+    spec = LINKS[link]
+    layer_bytes = layer_params * bytes_per_param
+    gather_s = ((n - 1) * spec.alpha_us * 1e-6
+                + (n - 1) / n * layer_bytes / (spec.gbytes_per_s * 1e9))
+    flops_per_s = peak_tflops * 1e12 * mfu
+    tokens = gather_s * flops_per_s / (2 * layer_params)
+    return {"gather_s": gather_s, "tokens_per_rank": tokens,
+            "bandwidth_only_tokens": (n - 1) / n * bytes_per_param * flops_per_s
+            / (2 * spec.gbytes_per_s * 1e9)}
+# --8<-- [end:zero3]
