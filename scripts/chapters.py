@@ -141,6 +141,10 @@ CHAPTERS = (
             "real multi-node runs: one `torchrun` per machine (the recipes)",
             (Headline("two-node failover vs uninterrupted: largest difference",
                       "two_node.failover.max_abs_diff", "g"),)),
+    Chapter(11, "sharding", "sharding", "Sharding: ZeRO and FSDP",
+            "the memory ledger; ZeRO-1/2 and FSDP by hand, bitwise vs ZeroRedundancyOptimizer "
+            "and fully_shard at 2–4 ranks; resharded DCP load",
+            exercises=True),
 )
 
 
