@@ -45,20 +45,33 @@ class ShardedOptimizer:
 # --8<-- [start:reduce_scatter]
 def reduce_scatter_gradients(grads: list[torch.Tensor], group=None) -> list[torch.Tensor]:
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    rows = [math.ceil(g.shape[0] / world) for g in grads]  # every chunk padded to the first's
-    widths = [r * g[0].numel() for r, g in zip(rows, grads, strict=True)]
-    message = grads[0].new_zeros(world, sum(widths))  # row k: rank k's chunk of every gradient
+    message = shard_major(grads, world)
+    mine = message.new_empty(message.shape[1])  # this rank's row, averaged over the ranks
+    dist.reduce_scatter_tensor(mine, message.view(-1), op=dist.ReduceOp.AVG, group=group)
+    return cut_back(mine, grads, rank, world)
+
+
+def shard_major(grads: list[torch.Tensor], world: int) -> torch.Tensor:
+    """Row k: rank k's chunk of every gradient in turn, each padded to ceil(d0 / world) rows."""
+    widths = [math.ceil(g.shape[0] / world) * g[0].numel() for g in grads]
+    message = grads[0].new_zeros(world, sum(widths))
     at = 0
     for g, width in zip(grads, widths, strict=True):
         for k, piece in enumerate(g.chunk(world)):
             message[k, at:at + piece.numel()] = piece.reshape(-1)
         at += width
-    mine = message.new_empty(sum(widths))
-    dist.reduce_scatter_tensor(mine, message.view(-1), op=dist.ReduceOp.AVG, group=group)
-    shards = []
-    for g, r, piece in zip(grads, rows, mine.split(widths), strict=True):
-        owned = max(0, min(r, g.shape[0] - rank * r))  # the real rows: the padding stays behind
-        shards.append(piece[:owned * g[0].numel()].view(owned, *g.shape[1:]))
+    return message
+
+
+def cut_back(row: torch.Tensor, grads: list[torch.Tensor], rank: int,
+             world: int) -> list[torch.Tensor]:
+    """This rank's shard of each gradient from its row: the padding stays behind."""
+    shards, at = [], 0
+    for g in grads:
+        rows = math.ceil(g.shape[0] / world)
+        owned = max(0, min(rows, g.shape[0] - rank * rows))  # the last ranks: fewer, or none
+        shards.append(row[at:at + owned * g[0].numel()].view(owned, *g.shape[1:]))
+        at += rows * g[0].numel()
     return shards
 # --8<-- [end:reduce_scatter]
 
