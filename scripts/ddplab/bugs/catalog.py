@@ -126,8 +126,8 @@ SCENARIOS = [
     Scenario("skipped_gather", "hang",
              "a sharded model's forward that only rank 0 runs (validation under `if rank == 0`)",
              "Timed out waiting", GLOO_TIMEOUT,
-             "py-spy dump: rank 0 waits in fully_shard's pre-forward all-gather "
-             "(foreach_all_gather), rank 1 in the barrier"),
+             "py-spy dump: rank 0 inside fully_shard's pre-forward unshard (its all-gather), "
+             "rank 1 in the barrier"),
     Scenario("local_norm_clip", "silent",
              "clip_grad_norm_ on the parameters of a model sharded by hand: each rank's own norm",
              "max |parameter − unsharded training|",

@@ -24,8 +24,14 @@ from .ddp_errors import batch, mlp, train
 
 
 def sharded(model: nn.Module, group) -> nn.Module:
-    """``fully_shard`` on every layer with parameters, then on the root, over ``group``."""
-    mesh = DeviceMesh.from_group(group, "cpu")
+    """``fully_shard`` on every layer with parameters, then on the root, over ``group``.
+
+    The mesh is named after the group: ``DeviceMesh.__eq__`` compares ranks, layout and names,
+    not the process group (device_mesh.py), and with unnamed meshes a later scenario's full
+    state dict was gathered over an earlier scenario's timed-out group ("Application timeout
+    caused pair closure").
+    """
+    mesh = DeviceMesh.from_group(group, "cpu", mesh_dim_names=(f"group_{group.group_name}",))
     for layer in model:
         if any(True for _ in layer.parameters()):
             fully_shard(layer, mesh=mesh)
