@@ -278,6 +278,10 @@ def layout_problem(ctx, got, want, grads, names) -> str | None:
             if all(torch.equal(x, y) for x, y in zip(got, shards, strict=True)):
                 return f"{head}. {why(k, bad)}"
         off = (a.double() - exact[k]).abs().max().item()
+        if off <= ctx.world_size * torch.finfo(torch.float32).eps * exact[k].abs().max().item():
+            return (f"{head}. Within float32 rounding of the exact average: the right numbers, "
+                    "added in another order than fully_shard's. Lay the message out shard-major "
+                    "(row r = rank r's padded chunk of every gradient) and reduce it with AVG")
         return f"{head}. Off by {off:.3g} from the exact average."
     return None
 
