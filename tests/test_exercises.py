@@ -76,8 +76,9 @@ MISTAKES = {
                                           "11.4": "That counts the padding rows"},
     "ch11_broadcast_from_zero_even_split": {"11.2": "not from rank 0",
                                             "11.4": "the paper's even split"},
+    "ch11_broadcasts_own_only": {"11.2": "rank 1 was waiting in dist.broadcast (your line 22)"},
 }
-HANGS = {"ch01_checksum", "ch02_both_receive", "ch03_recv_first"}
+HANGS = {"ch01_checksum", "ch02_both_receive", "ch03_recv_first", "ch11_broadcasts_own_only"}
 
 
 def by_id(verdicts) -> dict:
