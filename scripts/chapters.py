@@ -158,7 +158,8 @@ CHAPTERS = (
              Headline("fully_shard bytes sent per step / DDP's",
                       "verdicts.fsdp_sends_over_ddp", ".2f"),
              Headline("DCP 2 -> 3 ranks, continued: largest difference",
-                      "reshard.continued_max_abs_diff", "g"))),
+                      "reshard.continued_max_abs_diff", "g")),
+            exercises=True),
 )
 
 

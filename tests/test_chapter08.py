@@ -26,6 +26,7 @@ GIVEAWAYS = {
     "sampler_set_epoch": (lambda g: g == 2, lambda g: g == 0),
     "same_augmentation": (lambda g: g == 1.0, lambda g: g < 0.5),
     "accumulation_no_sync": (lambda g: g == 4, lambda g: g == 1),
+    "local_norm_clip": (lambda g: g > 1e-4, lambda g: g < 1e-5),
 }
 
 

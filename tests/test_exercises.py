@@ -64,8 +64,21 @@ MISTAKES = {
                         "09.2": "the residual is torch.float16"},
     "ch09_no_write_back": {"09.1": "never went back into the bucket"},
     "ch09_divides_first": {"09.1": "you divided in float32 before the cast"},
+    "ch11_smallest_first_flat_layout": {"11.1": "with the smallest parameters first",
+                                        "11.3": "Lay the message out shard-major"},
+    "ch11_round_robin_divides_first": {"11.1": "deals the parameters out in turn (round robin)",
+                                       "11.3": "divided by 3 before the reduction"},
+    "ch11_unsorted_unpadded_cut": {"11.1": "the greedy split in the model's order",
+                                   "11.3": "cut back without the padding"},
+    "ch11_no_broadcast_no_padding": {"11.2": "receive each parameter from its owner",
+                                     "11.4": "counts the rows this rank really has"},
+    "ch11_unsharded_state_padded_state": {"11.2": "self.optim holds all 8 parameters",
+                                          "11.4": "That counts the padding rows"},
+    "ch11_broadcast_from_zero_even_split": {"11.2": "not from rank 0",
+                                            "11.4": "the paper's even split"},
+    "ch11_broadcasts_own_only": {"11.2": "rank 1 was waiting in dist.broadcast (your line 22)"},
 }
-HANGS = {"ch01_checksum", "ch02_both_receive", "ch03_recv_first"}
+HANGS = {"ch01_checksum", "ch02_both_receive", "ch03_recv_first", "ch11_broadcasts_own_only"}
 
 
 def by_id(verdicts) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import collectives, ddp_errors, silent
+from . import collectives, ddp_errors, sharding, silent
 
 KINDS = ("error", "hang", "silent")
 
@@ -33,7 +33,7 @@ class Scenario:
 
 
 def _function(name: str, version: str) -> Callable:
-    for module in (ddp_errors, collectives, silent):
+    for module in (ddp_errors, collectives, silent, sharding):
         found = getattr(module, f"{name}_{version}", None)
         if found is not None:
             return found
@@ -123,6 +123,22 @@ SCENARIOS = [
              "Default process group has not been initialized",
              "torch/distributed/distributed_c10d.py, _get_default_group",
              "the traceback's last line of your code", where="main"),
+    Scenario("skipped_gather", "hang",
+             "a sharded model's forward that only rank 0 runs (validation under `if rank == 0`)",
+             "Timed out waiting", GLOO_TIMEOUT,
+             "py-spy dump: rank 0 inside fully_shard's pre-forward unshard (its all-gather), "
+             "rank 1 in the barrier"),
+    Scenario("local_norm_clip", "silent",
+             "clip_grad_norm_ on the parameters of a model sharded by hand: each rank's own norm",
+             "max |parameter − unsharded training|",
+             "nothing raises: torch.nn.utils.clip_grad_norm_ sees plain tensors, this rank's "
+             "shards, and clips by their norm (torch/nn/utils/clip_grad.py)",
+             "the check: train an unsharded copy next to it, or gather the norm each rank used"),
+    Scenario("save_one_rank", "error",
+             "rank 0 saves the state dict of a fully_shard model: its own shards only",
+             "size mismatch for",
+             "torch/nn/modules/module.py, Module._load_from_state_dict (loading it later)",
+             "the shapes in the message: half the rows of every weight"),
 ]
 
 BY_NAME = {s.name: s for s in SCENARIOS}
