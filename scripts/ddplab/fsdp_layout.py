@@ -30,9 +30,13 @@ def shard_rows(rows: int, rank: int, world_size: int) -> range:
 
 
 def shard(tensor: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
-    """Rank ``rank``'s shard of ``tensor`` (unpadded, contiguous): what its optimizer steps."""
+    """Rank ``rank``'s shard of ``tensor`` (unpadded): what its optimizer steps.
+
+    A copy, not a view: a slice of rows is already contiguous, so ``.contiguous()`` would
+    return a view that keeps the whole unsharded parameter alive, and sharding would save no
+    memory (the memory ledger catches exactly that)."""
     rows = shard_rows(tensor.shape[0], rank, world_size)
-    return tensor[rows.start:rows.stop].contiguous()
+    return tensor[rows.start:rows.stop].clone()
 
 
 def padded_shard(tensor: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
