@@ -79,3 +79,13 @@ def test_chapter06_timing_relations_are_read_and_flagged(tmp_path):
     assert len(flagged) == 1 and "slope_idle_native" in flagged[0]
     assert "outside 0.8..1.2" in flagged[0]
     assert bench.straggler_relations(tmp_path / "none") == {}
+
+
+def test_chapter11s_goals_are_judged_from_the_measured_ratios():
+    found = {"fsdp_step_ratio": 0.97, "zero1_step_ratio": 1.4, "peak_ratio_per_rank": [0.9, 1.1]}
+    goals = bench.sharding_goals(found)
+    assert goals["fsdp_step_ratio"]["text"] == "met"
+    assert goals["peak_ratio"] == {"value": 1.1, "goal": 1.0, "met": False, "text": "missed"}
+    assert goals["zero1_step_ratio"]["met"] is None  # measured and shown, not judged
+    assert "OFF: goal <= 1" in bench.sharding_table(found)
+    assert "fsdp_step_ratio" in bench.sharding_table(found).splitlines()[0]

@@ -191,16 +191,30 @@ def sharding_bench() -> dict:
     return launch(sharding_bench.bench_worker, args).result
 
 
+def sharding_values(found: dict) -> dict[str, float]:
+    """The ratios the goals judge; the peak ratio is the worst rank's."""
+    return {"fsdp_step_ratio": found["fsdp_step_ratio"],
+            "zero1_step_ratio": found["zero1_step_ratio"],
+            "peak_ratio": max(found["peak_ratio_per_rank"])}
+
+
+def sharding_goals(found: dict) -> dict[str, dict]:
+    """Each ratio with its goal and whether this run met it (the page renders the verdict)."""
+    judged = {}
+    for name, value in sharding_values(found).items():
+        goal = SHARDING_GOALS[name]
+        met = None if goal is None else value <= goal
+        text = "no goal" if goal is None else ("met" if met else "missed")
+        judged[name] = {"value": value, "goal": goal, "met": met, "text": text}
+    return judged
+
+
 def sharding_table(found: dict) -> str:
     """The ratios, flagged where a goal is missed (flagged, not failed)."""
-    values = {"fsdp_step_ratio": found["fsdp_step_ratio"],
-              "zero1_step_ratio": found["zero1_step_ratio"],
-              "peak_ratio": max(found["peak_ratio_per_rank"])}
     lines = []
-    for name, value in values.items():
-        goal = SHARDING_GOALS[name]
-        off = f"   OFF: goal <= {goal:g}" if goal is not None and value > goal else ""
-        lines.append(f"chapter 11 {name:<27} {value:>8.2f}{off}")
+    for name, judged in sharding_goals(found).items():
+        off = f"   OFF: goal <= {judged['goal']:g}" if judged["met"] is False else ""
+        lines.append(f"chapter 11 {name:<27} {judged['value']:>8.2f}{off}")
     return "\n".join(lines)
 
 
@@ -224,6 +238,7 @@ def record(rows: list[Row], grading: dict[str, float], root: Path = ROOT,
         "straggler_relations": relations or {},
         "doctor_seconds": doctor_s,
         "sharding": sharding or {},
+        "sharding_goals": sharding_goals(sharding) if sharding else {},
         "provenance": {"torch": torch.__version__, "python": platform.python_version(),
                        "backend": "gloo", "device": cpu_model(), "world_size": 2,
                        "launcher": "mp.spawn", "quick": True, "cpu_count": os.cpu_count(),

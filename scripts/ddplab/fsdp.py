@@ -118,6 +118,7 @@ class FullyShardedDP(nn.Module):
 
     # --- the gathers --------------------------------------------------------------------------
 
+    # --8<-- [start:gather]
     @torch.no_grad()
     def _gather(self, unit: _Unit) -> None:
         """All-gather the unit's padded shards into its full parameters (storage re-allocated)."""
@@ -134,6 +135,7 @@ class FullyShardedDP(nn.Module):
             with torch.autograd._unsafe_preserve_version_counter(full):
                 full.copy_(value)
         unit.gathered = True
+    # --8<-- [end:gather]
 
     def _reshard(self, unit: _Unit) -> None:
         for full in unit.full:
@@ -185,6 +187,7 @@ class FullyShardedDP(nn.Module):
             else:
                 target.grad += reduced
 
+    # --8<-- [start:reduce_scatter]
     def reduce_scatter(self, grads: list[torch.Tensor], shapes: list[torch.Size],
                        group) -> list[torch.Tensor]:
         """Averaged shards of ``grads``: FSDP2's shard-major message, one reduce-scatter."""
@@ -193,6 +196,7 @@ class FullyShardedDP(nn.Module):
         dist.reduce_scatter_single(row, message.view(-1), op=dist.ReduceOp.AVG, group=group)
         self.bytes["reduce_scatter"] += message.numel() * message.element_size()
         return split_shards(row, shapes, self.rank, self.world)
+    # --8<-- [end:reduce_scatter]
 
     def finish_gradient_synchronization(self) -> None:
         """Reduce what the hooks did not (a unit waits for every parameter's gradient: one that
