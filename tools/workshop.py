@@ -158,8 +158,9 @@ def show(chapter: int, prefix: str = "") -> str:
     session = session_for(chapter)
     if not session.show:
         return "the chapter's page: the bug lab has a symptom index, no figure"
-    return " ".join(f"![{Path(f).stem.replace('_', ' ')}]({prefix}figures/{f}){{ width=\"48%\" }}"
-                    for f in session.show)
+    # Each figure a paragraph of its own, at the page's width: projected, it must be legible.
+    return "\n\n" + "\n\n".join(f"![{Path(f).stem.replace('_', ' ')}]({prefix}figures/{f})"
+                                 for f in session.show)
 
 
 def check_questions(page: Path) -> list[str]:

@@ -120,10 +120,13 @@ def direction_text(errors: list[float]) -> str:
 def compute_share_text(share: float) -> str:
     """What a small error is worth when ``share`` of the prediction is compute measured in the
     same run rather than modelled."""
-    if share >= 0.5:
+    if share > 0.6:
         return ("most of that prediction is measured, not modelled: its small error says "
                 "little about the α-β model")
-    return "most of that prediction is modelled communication: its error tests the α-β model"
+    if share < 0.4:
+        return "most of that prediction is modelled communication: its error tests the α-β model"
+    return ("about as much of that prediction is measured compute as modelled communication: "
+            "its error tests both, and does not say which")
 
 
 # --- where does compression pay? --------------------------------------------------------
