@@ -56,7 +56,7 @@ from ddplab.zero2 import ShardedGradients
 from figures import chapter11 as drawing
 
 CHAPTER = 11
-# (features, first width, second width, classes, batch per rank); no width divides by 3 or 4.
+# (features, first width, second width, classes, batch per rank); no width divides by 3.
 SIZES = {"quick": (20, 250, 130, 10, 32), "full": (64, 1000, 700, 10, 64)}
 LR, WEIGHT_DECAY = 1e-2, 0.1
 STAGES = ("ddp", "zero1_ours", "zero1_native", "zero2", "fsdp_ours", "fully_shard")
