@@ -54,7 +54,7 @@ def reduce_scatter_gradients(grads: list[torch.Tensor], group=None) -> list[torc
     ``grads`` are this rank's full local gradients of the unit's parameters.  Return this rank's
     averaged shard of each: rows ``rank * c`` up to ``(rank + 1) * c`` of dim 0, with
     ``c = ceil(d0 / world_size)`` (what ``torch.chunk`` gives this rank: the last ranks may get
-    fewer rows, or none — shape ``(0, ...)``).  Use ONE ``dist.reduce_scatter_tensor`` with
+    fewer rows, or none — shape ``(0, ...)``).  Use ONE ``dist.reduce_scatter_single`` with
     ``op=dist.ReduceOp.AVG`` for the whole unit.  The values must be ``fully_shard``'s to the bit,
     and that depends on where each element sits in the message you reduce-scatter.
     """

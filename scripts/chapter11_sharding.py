@@ -56,7 +56,7 @@ from ddplab.zero2 import ShardedGradients
 from figures import chapter11 as drawing
 
 CHAPTER = 11
-# (features, first width, second width, classes, batch per rank); no width divides by 3 or 4.
+# (features, first width, second width, classes, batch per rank); no width divides by 3.
 SIZES = {"quick": (20, 250, 130, 10, 32), "full": (64, 1000, 700, 10, 64)}
 LR, WEIGHT_DECAY = 1e-2, 0.1
 STAGES = ("ddp", "zero1_ours", "zero1_native", "zero2", "fsdp_ours", "fully_shard")
@@ -210,8 +210,11 @@ def communication(ctx, args) -> dict:
             if stage == "ddp":
                 wrapped.register_comm_hook(None, probe.ddp_recording_hook(calls))
             train(wrapped, optimizer, after, [(x, y)])
-        measured[stage] = {"calls": len(calls), "messages": sum(b for _, b in calls),
-                           "sent": sum(probe.ring_bytes(op, b, ctx.world_size) for op, b in calls)}
+        by_op: dict[str, int] = {}
+        for op, message in calls:
+            by_op[op] = by_op.get(op, 0) + message
+        measured[stage] = {"calls": len(calls), "messages": sum(by_op.values()), "by_op": by_op,
+                           **report.sent_bytes(by_op, ctx.world_size)}
     numel = sum(p.numel() for p in make_model(size).parameters())
     counted = costmodel.zero3_bytes_per_step(numel * 4, ctx.world_size)
     return {"measured": measured, "counted": counted, "param_bytes": numel * 4,
@@ -421,7 +424,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     result = run.result
     result["reshard"] = probe.save_then_continue(args, run, dcp_save, dcp_continue)
     result["cost_model"] = report.cost_model(costmodel)
-    result["verdicts"] = report.verdicts(result)
+    result["verdicts"] = report.verdicts(result, run.provenance["backend"])
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         ddplab.write_results(out, CHAPTER, result, run.provenance)
         names = draw_figures(out, drawing.draw)

@@ -155,17 +155,26 @@ def bitwise_cases(ctx, args) -> dict:
     return out
 
 
+def _watch_later_units(ours, output: torch.Tensor, seen: list) -> None:
+    if output.requires_grad:
+        output.register_hook(lambda grad: seen.append([u.gathered for u in ours.units[1:]]))
+
+
 def hook_cases() -> dict:
     """What a unit holds between forward and backward, and what finishing a second time does."""
     out = {}
     x, y = batches(dist.get_rank(), 1)[0]
     for keep in (False, True):
         ours = FullyShardedDP(model(), reshard_after_forward=not keep)
+        later_gathered = []  # when the first unit's backward starts, the later ones are done
+        ours.units[0].module.register_forward_hook(
+            lambda m, a, out, o=ours, seen=later_gathered: _watch_later_units(o, out, seen))
         loss = nn.functional.cross_entropy(ours(x), y)
         out[f"full_bytes_after_forward_keep_{keep}"] = sum(
             f.untyped_storage().nbytes() for u in ours.units for f in u.full)
         out[f"parameters_between_keep_{keep}"] = [tuple(p.shape) for p in ours.parameters()]
         loss.backward()
+        out[f"later_units_gathered_in_backward_keep_{keep}"] = later_gathered
         out[f"full_bytes_after_backward_keep_{keep}"] = sum(
             f.untyped_storage().nbytes() for u in ours.units for f in u.full)
     grads = [p.grad.clone() for p in ours.parameters()]

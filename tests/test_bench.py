@@ -89,3 +89,9 @@ def test_chapter11s_goals_are_judged_from_the_measured_ratios():
     assert goals["zero1_step_ratio"]["met"] is None  # measured and shown, not judged
     assert "OFF: goal <= 1" in bench.sharding_table(found)
     assert "fsdp_step_ratio" in bench.sharding_table(found).splitlines()[0]
+
+
+def test_chapter11s_step_ratios_are_also_recorded_as_ratios_of_medians():
+    found = {"median_step_ms": {"fsdp_ours": 30.0, "fully_shard": 20.0,
+                                "zero1_ours": 10.0, "zero1_native": 8.0}}
+    assert bench.ratios_of_medians(found) == {"fsdp_step_ratio": 1.5, "zero1_step_ratio": 1.25}

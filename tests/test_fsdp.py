@@ -152,6 +152,14 @@ def test_freed_after_forward_unless_asked_to_keep(bitwise):
     assert results["parameters_between_keep_False"] == results["parameters_are_shards"]
 
 
+def test_each_unit_is_freed_once_its_backward_is_done(bitwise):
+    # fully_shard's post_backward reshards a unit right after its reduce-scatter, whether or
+    # not it was kept gathered after forward.
+    _, results = bitwise
+    for keep in (False, True):
+        assert results[f"later_units_gathered_in_backward_keep_{keep}"] == [[False] * 3]
+
+
 def test_finishing_after_backward_is_a_no_op(bitwise):
     _, results = bitwise
     assert results["every_shard_has_grad"]

@@ -279,7 +279,7 @@ def zero2_bytes(rank: int) -> dict:
     model = zero2.ShardedGradients(several_sizes(), bucket_cap_mb=1e-3)
     optimizer = torch.optim.SGD(model.shard_parameters(), lr=0.1)
     recorded = []
-    originals = dist.reduce_scatter_tensor, dist.all_gather_into_tensor
+    originals = dist.reduce_scatter_single, dist.all_gather_single
 
     def reduce_scatter(output, input, *args, **kwargs):
         recorded.append(("reduce_scatter", input.numel() * input.element_size()))
@@ -289,7 +289,7 @@ def zero2_bytes(rank: int) -> dict:
         recorded.append(("all_gather", output.numel() * output.element_size()))
         return originals[1](output, input, *args, **kwargs)
 
-    dist.reduce_scatter_tensor, dist.all_gather_into_tensor = reduce_scatter, all_gather
+    dist.reduce_scatter_single, dist.all_gather_single = reduce_scatter, all_gather
     try:
         x, y = batches(rank, 1)[0]
         nn.functional.cross_entropy(model(x), y).backward()
@@ -297,7 +297,7 @@ def zero2_bytes(rank: int) -> dict:
         optimizer.step()
         model.gather_parameters()
     finally:
-        dist.reduce_scatter_tensor, dist.all_gather_into_tensor = originals
+        dist.reduce_scatter_single, dist.all_gather_single = originals
     world = model.world_size
     fresh = zero2.ShardedGradients(several_sizes(), bucket_cap_mb=1e-3)
     nn.functional.cross_entropy(fresh(x), y).backward()

@@ -40,7 +40,7 @@ def reduce_scatter_gradients(grads, group=None):
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     message = torch._chunk_cat(grads, dim=0, num_chunks=world)  # (world, padded row)
     row = torch.empty_like(message[rank])
-    dist.reduce_scatter_tensor(row, message.view(-1), op=dist.ReduceOp.AVG, group=group)
+    dist.reduce_scatter_single(row, message.view(-1), op=dist.ReduceOp.AVG, group=group)
     widths = [math.ceil(g.shape[0] / world) * math.prod(g.shape[1:]) for g in grads]
     out = []
     for g, piece in zip(grads, row.split(widths), strict=True):

@@ -297,7 +297,7 @@ def mistaken_results(ctx: Context, grads: list[torch.Tensor]) -> tuple[dict, lis
 
     def reduce(message: torch.Tensor, op) -> list[torch.Tensor]:
         row = message.new_empty(message.shape[1])
-        dist.reduce_scatter_tensor(row, message.reshape(-1), op=op)
+        dist.reduce_scatter_single(row, message.reshape(-1), op=op)
         return split_shards(row, shapes, rank, world)
 
     shard_major = torch._chunk_cat(grads, dim=0, num_chunks=world)
@@ -307,7 +307,7 @@ def mistaken_results(ctx: Context, grads: list[torch.Tensor]) -> tuple[dict, lis
     flat_shards = [shard(t.view(-1, *s[1:])[:s[0]], rank, world)
                    for t, s in zip(flat.split(sizes), shapes, strict=True)]
     correct_row = shard_major.new_empty(shard_major.shape[1])
-    dist.reduce_scatter_tensor(correct_row, shard_major.reshape(-1), op=dist.ReduceOp.AVG)
+    dist.reduce_scatter_single(correct_row, shard_major.reshape(-1), op=dist.ReduceOp.AVG)
 
     def moved(k, element):
         where = offsets(shapes, k, rank * -(-shapes[k][0] // world) * math.prod(shapes[k][1:])

@@ -25,7 +25,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
+    "reduce_scatter_tensor", "reduce_scatter_single",
     "broadcast", "reduce", "all_to_all", "all_to_all_single", "gather", "scatter",
     "all_reduce_coalesced", "all_gather_object", "broadcast_object_list", "all_gather_coalesced",
 )

@@ -47,7 +47,7 @@ def reduce_scatter_gradients(grads: list[torch.Tensor], group=None) -> list[torc
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     message = shard_major(grads, world)
     mine = message.new_empty(message.shape[1])  # this rank's row, averaged over the ranks
-    dist.reduce_scatter_tensor(mine, message.view(-1), op=dist.ReduceOp.AVG, group=group)
+    dist.reduce_scatter_single(mine, message.view(-1), op=dist.ReduceOp.AVG, group=group)
     return cut_back(mine, grads, rank, world)
 
 

@@ -24,5 +24,5 @@ def reduce_scatter_gradients(grads, group=None):
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     message = shard_major([g / world for g in grads], world)
     mine = message.new_empty(message.shape[1])
-    dist.reduce_scatter_tensor(mine, message.view(-1), op=dist.ReduceOp.SUM, group=group)
+    dist.reduce_scatter_single(mine, message.view(-1), op=dist.ReduceOp.SUM, group=group)
     return cut_back(mine, grads, rank, world)

@@ -24,7 +24,7 @@ def reduce_scatter_gradients(grads, group=None):
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     message = shard_major(grads, world)
     mine = message.new_empty(message.shape[1])
-    dist.reduce_scatter_tensor(mine, message.view(-1), op=dist.ReduceOp.AVG, group=group)
+    dist.reduce_scatter_single(mine, message.view(-1), op=dist.ReduceOp.AVG, group=group)
     shards, at = [], 0
     for g in grads:
         piece = g.chunk(world)[rank] if rank < len(g.chunk(world)) else g[:0]

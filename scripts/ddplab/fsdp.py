@@ -85,7 +85,7 @@ class FullyShardedDP(nn.Module):
         opt.step()
 
     ``reshard_after_forward=False`` keeps each unit gathered from its forward to the end of
-    backward (one gather per step instead of two: ZeRO-2's traffic, more memory).
+    its own backward (one gather per step instead of two: ZeRO-2's traffic, more memory).
     ``no_sync()`` / ``set_requires_gradient_sync(False)`` accumulate full gradients without
     sending them; ``bytes`` counts each collective's whole message on this rank.
     """
@@ -168,8 +168,17 @@ class FullyShardedDP(nn.Module):
 
     def _grad_ready(self, unit: _Unit, index: int) -> None:
         unit.waiting.discard(index)
-        if not unit.waiting and self.requires_gradient_sync:
+        if not unit.waiting:
+            self._post_backward(unit)
+
+    def _post_backward(self, unit: _Unit) -> None:
+        """The unit's backward is done: reduce-scatter its gradients (unless sync is off, when
+        the full gradients stay to accumulate) and free its full parameters, as ``fully_shard``
+        does in either case."""
+        if self.requires_gradient_sync:
             self._reduce_unit(unit)
+        self._reshard(unit)
+        unit.waiting = set()
 
     def _reduce_unit(self, unit: _Unit) -> None:
         """Reduce-scatter the unit's full gradients into its shards' ``.grad`` (then free them)."""
@@ -203,10 +212,7 @@ class FullyShardedDP(nn.Module):
         got none this backward holds it back), then reshard everything.  Autograd's engine calls
         it when backward ends; calling it again is a no-op."""
         for unit in self.units:
-            if self.requires_gradient_sync:
-                self._reduce_unit(unit)
-            self._reshard(unit)
-            unit.waiting = set()
+            self._post_backward(unit)
         self._backward_started = False
 
     # --- gradient accumulation ------------------------------------------------------------------

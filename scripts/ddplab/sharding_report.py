@@ -27,12 +27,27 @@ def cost_model(costmodel) -> dict:
             "thresholds": rows}
 
 
+def sent_bytes(by_op: dict[str, int], world_size: int) -> dict[str, float]:
+    """Bytes one rank sends for these whole messages: by a ring algorithm (what NCCL's rings
+    send) and by gloo, whose reduce-scatter all-reduces the whole message and keeps a chunk."""
+    from .zero2 import ring_bytes_sent
+    return {"sent": sum(ring_bytes_sent(op, b, world_size) for op, b in by_op.items()),
+            "sent_gloo": sum(ring_bytes_sent(op, b, world_size, gloo=True)
+                             for op, b in by_op.items())}
+
+
+def times_text(ratio: float) -> str:
+    return f"{ratio:.2f} times" if abs(ratio - round(ratio * 2) / 2) > 0.005 else \
+        f"{round(ratio * 2) / 2:g} times"
+
+
 def equal_text(value: float) -> str:
     return "bitwise equal" if value == 0 else f"apart by up to {value:.2g}"
 
 
-def verdicts(r: dict) -> dict:
-    """Every comparison the page draws from this run, values and the phrases it renders."""
+def verdicts(r: dict, backend: str) -> dict:
+    """Every comparison the page draws from this run (on ``backend``), values and the phrases
+    it renders."""
     eq = r["equality"]["max_abs_diff"]
     per_rank = r["ledger"]["per_rank"]
     exact = {stage: all(rank[stage]["held"][k] == rank[stage]["predicted"][k]
@@ -42,9 +57,12 @@ def verdicts(r: dict) -> dict:
     peaks = {s: max(rank[s]["profiler_peak"] for rank in per_rank) for s in STAGE_NAMES}
     comm = r["communication"]
     ratio = comm["measured"]["fully_shard"]["sent"] / comm["measured"]["ddp"]["sent"]
+    ratio_gloo = (comm["measured"]["fully_shard"]["sent_gloo"]
+                  / comm["measured"]["ddp"]["sent_gloo"])
     acc = r["accumulation"]
-    bytes_every = sum(acc["every_micro_batch"]["bytes"].values())
-    bytes_once = sum(acc["once_per_step"]["bytes"].values())
+    world = r["equality"]["world_size"]
+    every = sent_bytes(acc["every_micro_batch"]["bytes"], world)
+    once = sent_bytes(acc["once_per_step"]["bytes"], world)
     out = {
         "equal": {k: equal_text(v) for k, v in eq.items()},
         "ledger_exact": exact,
@@ -55,8 +73,12 @@ def verdicts(r: dict) -> dict:
         "fsdp_peak_over_ddp": peaks["fully_shard"] / peaks["ddp"],
         "ours_peak_over_native": peaks["fsdp_ours"] / peaks["fully_shard"],
         "fsdp_sends_over_ddp": ratio,
-        "fsdp_sends_text": f"{ratio:.2f} times" if abs(ratio - 1.5) > 0.005 else "1.5 times",
-        "accumulate_bytes_ratio": bytes_every / bytes_once,
+        "fsdp_sends_text": times_text(ratio),
+        "fsdp_sends_gloo_over_ddp": ratio_gloo,
+        "fsdp_sends_gloo_text": times_text(ratio_gloo),
+        "sent_by_this_run": "gloo's" if backend == "gloo" else "the ring's",
+        "accumulate_bytes_ratio": every["sent"] / once["sent"],
+        "accumulate_bytes_gloo_ratio": every["sent_gloo"] / once["sent_gloo"],
         "accumulate_peak_ratio": (acc["once_per_step"]["profiler_peak"]
                                   / acc["every_micro_batch"]["profiler_peak"]),
         "accumulate_held_ratio": (acc["once_per_step"]["gradients_held"]
@@ -112,7 +134,8 @@ def summarize(r: dict, prov: dict) -> str:
                      f"peak {v['peak_mib'][stage]:.2f} MiB")
     lines += ["", f"Largest difference after {r['equality']['steps']} steps (0 = bit for bit):"]
     lines += [f"  {k:34s} {val:g}" for k, val in eq.items()]
-    lines += ["", f"fully_shard sends {v['fsdp_sends_over_ddp']:.2f}x DDP's bytes per step; "
+    lines += ["", f"fully_shard sends {v['fsdp_sends_over_ddp']:.2f}x DDP's bytes per step in a "
+              f"ring, {v['fsdp_sends_gloo_over_ddp']:.2f}x on gloo; "
               f"reducing every micro-batch sends {v['accumulate_bytes_ratio']:.2f}x once per "
               "step"]
     if "reshard_text" in v:

@@ -154,7 +154,7 @@ class ShardedGradients(nn.Module):
             if bucket.ready < len(bucket.params):
                 return
             bucket.reduced = torch.empty_like(bucket.shard)
-            bucket.work = dist.reduce_scatter_tensor(bucket.reduced, bucket.staging,
+            bucket.work = dist.reduce_scatter_single(bucket.reduced, bucket.staging,
                                                      op=dist.ReduceOp.SUM, async_op=True)
             self._next += 1
     # --8<-- [end:hook]
@@ -184,7 +184,7 @@ class ShardedGradients(nn.Module):
     def gather_parameters(self) -> None:
         """Every rank's updated shard into every rank's buffer (in place: this rank's input is
         its own chunk of the output, which NCCL and gloo both accept)."""
-        works = [dist.all_gather_into_tensor(b.flat, b.shard.detach(), async_op=True)
+        works = [dist.all_gather_single(b.flat, b.shard.detach(), async_op=True)
                  for b in self.buckets]
         for work in works:
             work.wait()
