@@ -106,7 +106,10 @@ from pathlib import Path
 
 def naive_all_reduce(tensor, group=None):
     subprocess.Popen(["sleep", "60"])
-    Path(os.environ["GRADER_TEST_FLAGS"], f"spinning-{os.getpid()}").touch()
+    # Ranks fork from the grader's fork server, which keeps the environment it started with:
+    # a test that grades in-process after another test started that server has no flag folder.
+    if "GRADER_TEST_FLAGS" in os.environ:
+        Path(os.environ["GRADER_TEST_FLAGS"], f"spinning-{os.getpid()}").touch()
     while True:
         pass
 

@@ -17,7 +17,11 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 def setup_commands(tmp_path: Path, path_dirs: list[Path], *make_vars: str) -> str:
     """The commands `make setup` would run for a fresh .venv (-n: print, run nothing)."""
-    env = {**os.environ, "PATH": os.pathsep.join([*map(str, path_dirs), "/usr/bin", "/bin"])}
+    # Not the variables of a make that runs this test (CI's `make test ... TORCH_INDEX=` would
+    # reach the inner make through MAKEFLAGS and decide for it).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL",
+                                                           "TORCH_INDEX", "CONSTRAINTS")}
+    env["PATH"] = os.pathsep.join([*map(str, path_dirs), "/usr/bin", "/bin"])
     venv = tmp_path / "venv"
     proc = subprocess.run(["make", "-n", "-B", f"{venv}/.installed", f"VENV={venv}", *make_vars],
                           cwd=REPO, env=env, capture_output=True, text=True, check=True)
