@@ -370,7 +370,7 @@ def segment_summary(seg: dict, times: dict, world: int) -> dict:
             "best": min(rows, key=lambda r: r["time_ms"])["segment_label"],
             "default_segment": label_bytes(SEGMENT_BYTES),
             "whole_chunk_over_default_time": by_size[None] / default if default else None,
-            # one message per chunk also means a chunk-sized receive buffer, allocated per call
+            # one message per chunk also means a chunk-sized receive buffer (kept between calls)
             "whole_chunk_scratch_mib": math.ceil(size / world) / MiB,
             "native_busbw_gbps": size / (times["native"][-1] * 1e-3) / 1e9 * bus_factor(world)}
 
