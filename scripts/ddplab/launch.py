@@ -226,7 +226,7 @@ def exit_without_teardown(code: int) -> None:
     take ``group=group.WORLD`` as a default, evaluated when DDP imports the module (through
     ``torch._dynamo``).  Importing it first would let the group die, but here not safely: a
     comm hook's future callback can hold the group, and if the group's own thread drops that
-    last reference, the thread joins itself (our reading of the abort CI showed when we tried:
+    last reference, the thread joins itself (our reading of the abort this caused when tried:
     ``std::system_error``, "Resource deadlock avoided").  Skipping the teardown avoids both.
     """
     for thread in threading.enumerate():

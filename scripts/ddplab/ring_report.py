@@ -1,5 +1,5 @@
 """Chapter 03's summary: the correctness matrix in a few numbers, the stalls and the per-call
-costs, issue 10's goals as measured, and the whole run on one screen (printed by the launching
+costs, the chapter's goals as measured, and the whole run on one screen (printed by the launching
 process)."""
 
 from __future__ import annotations
