@@ -58,15 +58,15 @@ grade-%: $(STAMP) ## grade your exercises of chapter NN (FILE=path.py grades tha
 	@$(PY) -m exercises.grader $* $${FILE:+"$$FILE"} $(ARGS)
 
 doctor: ## pre-flight for a workshop day: versions, gloo, ports, cores, GPUs, disk, site (< 30 s)
-	@if [ -x $(PY) ]; then $(PY) scripts/doctor.py; else $(PYTHON) scripts/doctor.py; fi
+	@if [ -x $(PY) ]; then $(PY) tools/doctor.py; else $(PYTHON) tools/doctor.py; fi
 
 figures: $(STAMP) ## refresh the committed reference figures/: every chapter in full, one at a time (timings stay fair)
 	@set -e; for c in $(CHAPTERS); do \
 	  echo "== chapter $$c"; $(PY) scripts/chapter$$c.py --out figures $(ARGS); done
-	$(PY) scripts/diagrams.py
+	$(PY) scripts/drawing/diagrams.py
 
 gpu-check: $(STAMP) ## every chapter --quick on this box's GPUs, each mode it supports, into figures/gpu/
-	$(PY) scripts/gpu_check.py $(ARGS)
+	$(PY) tools/gpu_check.py $(ARGS)
 
 bench: $(STAMP) ## each chapter's --quick, one at a time, into a scratch dir: wall times, >60 s flagged
 	$(PY) tools/bench.py $(ARGS)

@@ -13,7 +13,7 @@ Run it:
     python scripts/chapter01_processes.py --replot              # only redraw the figures
 
 Writes figures/chapter01/{ranks.png, replicas.png, replicas.json, results.json} (or under
---out DIR); the figures are drawn from the two JSON files alone (scripts/figures/chapter01.py).
+--out DIR); the figures are drawn from the two JSON files alone (scripts/drawing/chapter01.py).
 Chapter 01 is small enough that --quick changes nothing.
 """
 
@@ -28,8 +28,8 @@ import torch.distributed as dist
 from torch import nn
 
 import ddplab
-from ddplab.replot import draw_figures, replot, write_figure_data
-from figures import chapter01 as drawing
+import drawing.chapter01
+from ddplab.run.replot import draw_figures, replot, write_figure_data
 
 CHAPTER = 1
 
@@ -143,7 +143,7 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
     return result if ctx.is_main else None
 
 
-# --- reporting (rank 0 / the launching process; the figures: scripts/figures/chapter01.py) ---
+# --- reporting (rank 0 / the launching process; the figures: scripts/drawing/chapter01.py) ---
 
 def summarize(result: dict) -> str:
     lines = ["rank  local  pid      device  group         group rank  group sum of ranks"]
@@ -155,7 +155,7 @@ def summarize(result: dict) -> str:
                  f"(expected {result['expected_sum_of_ranks']:g})")
     for name, run in result["replicas"].items():
         verdict = "identical" if run["max_abs_diff"] == 0 else "DIFFERENT"
-        label = drawing.REPLICA_LABELS[name]
+        label = drawing.chapter01.REPLICA_LABELS[name]
         lines.append(f"replicas, {label:<28} max |Δ| = {run['max_abs_diff']:.3g}  ({verdict})")
     return "\n".join(lines)
 
@@ -172,7 +172,7 @@ def parse_args(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.draw)
+        replot(args.out, CHAPTER, drawing.chapter01.draw)
         return None
     run = ddplab.launch(worker, args)
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         ddplab.write_results(out, CHAPTER, metrics, run.provenance)
         write_figure_data(out, "replicas.json",  # the weights replicas.png draws
                           {name: r["weights"] for name, r in result["replicas"].items()})
-        drawn = draw_figures(out, drawing.draw)
+        drawn = draw_figures(out, drawing.chapter01.draw)
     print(summarize(result))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(drawn)}, replicas.json, "
           "results.json}")

@@ -17,7 +17,7 @@ On CPU this chapter defaults to 4 ranks, not 2: with two ranks, scatter, all_to_
 reduce_scatter hardly look different from each other.  (On a GPU box: one rank per GPU.)
 Writes figures/chapter02/{send_recv, broadcast, scatter, gather, reduce, all_gather,
 all_reduce, reduce_scatter, all_to_all}.png and results.json (or under --out DIR); the figures
-are drawn from results.json alone (scripts/figures/chapter02.py).
+are drawn from results.json alone (scripts/drawing/chapter02.py).
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ import torch
 import torch.distributed as dist
 
 import ddplab
-from ddplab import timing
-from ddplab.devices import gpu_count
-from ddplab.launch import started_by_torchrun
-from ddplab.ranks import point_to_point_context
-from ddplab.replot import draw_figures, replot
-from figures import chapter02 as drawing
+import drawing.chapter02
+from ddplab.run import timing
+from ddplab.run.devices import gpu_count
+from ddplab.run.launch import started_by_torchrun
+from ddplab.run.ranks import point_to_point_context
+from ddplab.run.replot import draw_figures, replot
 
 CHAPTER = 2
 CPU_WORLD_SIZE = 4
@@ -324,7 +324,7 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
     return result if ctx.is_main else None
 
 
-# --- table and summary (rank 0 / the launching process; figures: scripts/figures/chapter02.py) --
+# --- table and summary (rank 0 / the launching process; figures: scripts/drawing/chapter02.py) --
 
 def traffic_table(time_ms: dict, n: int, s: int) -> dict:
     rows = {}
@@ -372,7 +372,7 @@ def parse_args(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.draw)
+        replot(args.out, CHAPTER, drawing.chapter02.draw)
         return None
     run = ddplab.launch(worker, args)
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     }
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         ddplab.write_results(out, CHAPTER, metrics, run.provenance)
-        draw_figures(out, drawing.draw)
+        draw_figures(out, drawing.chapter02.draw)
     print(summarize(result["states"], table, result["support"], n, s))
     for name in result["fallbacks"]:
         print(f"note: this torch's {run.provenance['backend']} refused dist.{name} (see support); "

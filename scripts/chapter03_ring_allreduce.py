@@ -18,7 +18,7 @@ Run it:
 
 Writes figures/chapter03/{ring_steps.png, time.png, busbw.png, segments.png, scaling.png,
 ring_steps.json, results.json} (or under --out DIR); the figures are drawn from the two JSON
-files alone (scripts/figures/chapter03.py).
+files alone (scripts/drawing/chapter03.py).
 """
 
 from __future__ import annotations
@@ -34,16 +34,16 @@ import torch
 import torch.distributed as dist
 
 import ddplab
-from ddplab import timing
-from ddplab.devices import gpu_count
-from ddplab.fitting import non_negative_lstsq, weighted_r2
-from ddplab.ranks import point_to_point_context
-from ddplab.replot import draw_figures, replot, write_figure_data
+import drawing.chapter03
+from backstage.chapter03 import correctness_summary, goals, per_call_costs, stall_summary, verdicts
+from backstage.chapter03 import summarize as summary_with
 from ddplab.ring import SEGMENT_BYTES, RingStep, naive_all_reduce, ring_all_reduce
-from ddplab.ring_report import correctness_summary, goals, per_call_costs, stall_summary, verdicts
-from ddplab.ring_report import summarize as summary_with
-from figures import chapter03 as drawing
-from figures.chapter03 import bandwidth_text, label_bytes  # the figures' labels, in results too
+from ddplab.run import timing
+from ddplab.run.devices import gpu_count
+from ddplab.run.fitting import non_negative_lstsq, weighted_r2
+from ddplab.run.ranks import point_to_point_context
+from ddplab.run.replot import draw_figures, replot, write_figure_data
+from drawing.chapter03 import bandwidth_text, label_bytes  # the figures' labels, in results too
 
 CHAPTER = 3
 KiB, MiB = 1 << 10, 1 << 20
@@ -418,7 +418,7 @@ def parse_args(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.draw)
+        replot(args.out, CHAPTER, drawing.chapter03.draw)
         return None
     run = ddplab.launch(worker, args)
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
@@ -437,7 +437,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         ddplab.write_results(out, CHAPTER, metrics, run.provenance)
         write_figure_data(out, "ring_steps.json", trace)  # every rank's chunks after each step
-        draw_figures(out, drawing.draw)
+        draw_figures(out, drawing.chapter03.draw)
     print(summarize(metrics))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/")
     return metrics

@@ -15,7 +15,7 @@ Run it:
 
 Writes figures/chapter04/{hooks.png, ready_order.png, overlap.png, bucket_sweep.png,
 overlap_trace.json, results.json} (or under --out DIR); the figures are drawn from results.json
-alone (scripts/figures/chapter04.py).  overlap_trace.json opens in https://ui.perfetto.dev or
+alone (scripts/drawing/chapter04.py).  overlap_trace.json opens in https://ui.perfetto.dev or
 chrome://tracing.
 """
 
@@ -33,13 +33,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import ddplab
-from ddplab import BucketedDDP, timing
-from ddplab.bucket_sweep_report import sweep_verdict
+import drawing.chapter04
+from backstage.chapter04 import sweep_verdict
+from ddplab import BucketedDDP
 from ddplab.bucketed_ddp import MiB, assign_buckets
-from ddplab.models import ResidualMLP, make_clusters
-from ddplab.replot import draw_figures, replot
-from ddplab.timeline import Event, Timeline, gather_events, write_chrome_trace
-from figures import chapter04 as drawing
+from ddplab.run import timing
+from ddplab.run.models import ResidualMLP, make_clusters
+from ddplab.run.replot import draw_figures, replot
+from ddplab.run.timeline import Event, Timeline, gather_events, write_chrome_trace
 
 CHAPTER = 4
 BATCH = 128  # samples per rank per step
@@ -394,7 +395,7 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
     return result if ctx.is_main else None
 
 
-# --- the summary (rank 0 / the launching process; the figures: scripts/figures/chapter04.py) --
+# --- the summary (rank 0 / the launching process; the figures: scripts/drawing/chapter04.py) --
 
 def summarize(r: dict, prov: dict) -> str:
     ready, overlap, sweep = r["gradient_ready"], r["overlap"], r["bucket_sweep"]
@@ -429,7 +430,7 @@ def parse_args(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.draw)
+        replot(args.out, CHAPTER, drawing.chapter04.draw)
         return None
     run = ddplab.launch(worker, args)
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
@@ -439,7 +440,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         ddplab.write_results(out, CHAPTER, result, run.provenance)
         write_chrome_trace(out / "overlap_trace.json",
                            [Event(**e) for e in result["overlap"]["timelines"]["overlap"]])
-        draw_figures(out, drawing.draw)
+        draw_figures(out, drawing.chapter04.draw)
     print(summarize(result, run.provenance))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{hooks.png, ready_order.png, "
           "overlap.png, bucket_sweep.png, overlap_trace.json, results.json}")

@@ -17,7 +17,7 @@ Run it:
     python scripts/chapter05_data_parallel.py --replot  # only redraw the figures
 
 Writes figures/chapter05/{equivalence.png, speed.png, scaling.png, sharding.png, results.json}
-(or under --out DIR); the figures are drawn from results.json alone (scripts/figures/chapter05.py).
+(or under --out DIR); the figures are drawn from results.json alone (scripts/drawing/chapter05.py).
 """
 
 from __future__ import annotations
@@ -36,15 +36,15 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import ddplab
+import drawing.chapter05
+from backstage import chapter05_report as report
+from backstage.chapter05_timing import rank_batches, time_variants, why_naive_is_slower
 from ddplab import BucketedDDP, NaiveDDP
-from ddplab import data_parallel_report as report
-from ddplab.memory import PeakMemory
-from ddplab.models import ResidualMLP, make_clusters
-from ddplab.ranks import max_over_ranks, mean_over_ranks
-from ddplab.replot import draw_figures, replot
-from ddplab.variant_timing import rank_batches, time_variants, why_naive_is_slower
-from ddplab.world_size_sweep import sweep_world_sizes
-from figures import chapter05 as drawing
+from ddplab.run.memory import PeakMemory
+from ddplab.run.models import ResidualMLP, make_clusters
+from ddplab.run.ranks import max_over_ranks, mean_over_ranks
+from ddplab.run.replot import draw_figures, replot
+from ddplab.run.world_size_sweep import sweep_world_sizes
 
 CHAPTER = 5
 VARIANTS = ("local", "naive", "bucketed", "native")
@@ -232,7 +232,7 @@ def accuracy(model: nn.Module, dataset: TensorDataset, device: torch.device) -> 
 
 
 # --- 2. speed and memory ---------------------------------------------------------------------
-# Timing the variants side by side, fairly: scripts/ddplab/variant_timing.py.
+# Timing the variants side by side, fairly: scripts/backstage/chapter05_timing.py.
 
 def stepper(model, batches):
     """A zero-argument step for ``timing.compare`` that cycles through ``batches``."""
@@ -400,8 +400,8 @@ def sharding_demo() -> dict:
     }
 
 
-# --- the launching process (the summary: ddplab/data_parallel_report.py; the figures:
-# scripts/figures/chapter05.py) -------------------------------------------------------------------
+# --- the launching process (the summary: backstage/chapter05_report.py; the figures:
+# scripts/drawing/chapter05.py) -------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None = None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter05_data_parallel.py")
@@ -422,7 +422,7 @@ def parse_args(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.draw)
+        replot(args.out, CHAPTER, drawing.chapter05.draw)
         return None
     run = ddplab.launch(worker, args)
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
@@ -435,8 +435,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     result["verdicts"] = report.verdicts(result)  # the page's comparisons, computed
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         ddplab.write_results(out, CHAPTER, result, run.provenance)
-        names = draw_figures(out, drawing.draw)
-    print(report.summarize(result, run.provenance, drawing.LABELS, VARIANTS, MEMORY_VARIANTS))
+        names = draw_figures(out, drawing.chapter05.draw)
+    print(report.summarize(result, run.provenance, drawing.chapter05.LABELS, VARIANTS,
+                           MEMORY_VARIANTS))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(names)}, results.json}}")
     return result
 

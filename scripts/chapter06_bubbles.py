@@ -20,7 +20,7 @@ straggler_timeline.png, sync_points.png, syncbn_timeline.png, rank0_work.png, un
 the Chrome/Perfetto traces trace_native_ddp.json, trace_bucketed_ddp.json, trace_straggler.json
 (open them at https://ui.perfetto.dev), on GPUs also torch.profiler traces
 profiler_rank<N>.json, and results.json (or under --out DIR).  The figures are drawn from
-results.json alone (scripts/figures/chapter06.py).
+results.json alone (scripts/drawing/chapter06.py).
 """
 
 from __future__ import annotations
@@ -38,13 +38,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 import ddplab
-from ddplab import bubble_bench, hangs, stragglers, timeline
-from ddplab import bubble_report as report
-from ddplab.bubble_bench import mlp, native_ddp, rank_batch, record_timeline, sgd, wrapped
-from ddplab.replot import draw_figures, replot
-from ddplab.syncbn_study import batchnorm_vs_syncbn, syncbn_timeline
-from ddplab.timing import compare, median, slowest_rank, synchronize
-from figures import chapter06 as drawing
+import drawing.chapter06
+from backstage import chapter06_report as report
+from backstage import chapter06_workbench
+from backstage.chapter06_syncbn import batchnorm_vs_syncbn, syncbn_timeline
+from backstage.chapter06_workbench import mlp, native_ddp, rank_batch, record_timeline, sgd, wrapped
+from ddplab import stragglers
+from ddplab.run import hangs, timeline
+from ddplab.run.replot import draw_figures, replot
+from ddplab.run.timing import compare, median, slowest_rank, synchronize
 
 CHAPTER = 6
 HANG_TIMEOUT_S = 3.0      # how long the two hang demonstrations wait before giving up
@@ -53,7 +55,7 @@ DELAYS = {"quick": [0, 10, 20, 30, 40], "full": [0, 5, 10, 15, 20, 25, 30, 40]}
 BUBBLE_DELAY_MS = 20.0    # the delay drawn on the straggler timeline
 
 
-# --- one training step; the models and each rank's batch: scripts/ddplab/bubble_bench.py ------
+# --- one training step; the models and each rank's batch: scripts/backstage/chapter06_workbench.py
 
 # --8<-- [start:step]
 def train_step(model, opt, x, y, tl: timeline.Timeline, late_ms: float = 0.0):
@@ -73,10 +75,10 @@ def train_step(model, opt, x, y, tl: timeline.Timeline, late_ms: float = 0.0):
 
 
 # --- 1. timelines ------------------------------------------------------------------------------
-# On a GPU, torch.profiler's own trace as well: bubble_bench.profiler_traces.
+# On a GPU, torch.profiler's own trace as well: chapter06_workbench.profiler_traces.
 
 def mlp_timeline(ctx, kind: str, steps: int, late_ms: float = 0.0):
-    """A few steps of the MLP on one shared clock (bubble_bench.record_timeline)."""
+    """A few steps of the MLP on one shared clock (chapter06_workbench.record_timeline)."""
     tl = timeline.Timeline(ctx.rank, device=ctx.device)
     x, y = rank_batch(ctx, (64, 256))
     return record_timeline(ctx, wrapped(kind, ctx, tl), tl, x, y, train_step, steps=steps,
@@ -84,7 +86,7 @@ def mlp_timeline(ctx, kind: str, steps: int, late_ms: float = 0.0):
 
 
 # --- 2. stragglers -----------------------------------------------------------------------------
-# The sweep's fitted slopes: scripts/ddplab/bubble_report.py, summarize_sweep.
+# The sweep's fitted slopes: scripts/backstage/chapter06_report.py, summarize_sweep.
 
 # --8<-- [start:sweep]
 def straggler_sweep(ctx, kind: str, delays: list[float], slow_rank: int, steps: int) -> dict:
@@ -116,7 +118,8 @@ def straggler_sweep(ctx, kind: str, delays: list[float], slow_rank: int, steps: 
 
 
 # --- 3. sync points ----------------------------------------------------------------------------
-# BatchNorm against SyncBatchNorm, the sync points inside a model: scripts/ddplab/syncbn_study.py
+# BatchNorm against SyncBatchNorm, the sync points inside a model:
+# scripts/backstage/chapter06_syncbn.py
 
 def hook_cost(ctx, rounds: int) -> dict:
     """What replacing DDP's built-in (C++) all-reduce by a Python hook costs, and whether the
@@ -402,14 +405,14 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
               "rank0_work": rank0_work(ctx),
               "uneven": uneven_inputs(ctx),
               "slow_rank": slow_rank}
-    traces = bubble_bench.profiler_traces(ctx, train_step)  # GPU only: torch.profiler's view
+    traces = chapter06_workbench.profiler_traces(ctx, train_step)  # GPU only: torch.profiler's view
     if traces is not None:
         result["profiler_traces"] = traces
     return result if ctx.is_main else None
 
 
-# --- command line, and the files (drawing: scripts/figures/chapter06.py) ----------------------
-# flags, results.json and the summary: scripts/ddplab/bubble_report.py.
+# --- command line, and the files (drawing: scripts/drawing/chapter06.py) ----------------------
+# flags, results.json and the summary: scripts/backstage/chapter06_report.py.
 
 def parse_args(argv: list[str] | None = None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter06_bubbles.py")
@@ -420,7 +423,7 @@ def parse_args(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.draw)
+        replot(args.out, CHAPTER, drawing.chapter06.draw)
         return None
     run = ddplab.launch(worker, args)
     if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
@@ -429,11 +432,11 @@ def main(argv: list[str] | None = None) -> dict | None:
     hung = {name: hangs.run_hang_demo(demo, args, HANG_TIMEOUT_S)
             for name, demo in HANG_DEMOS.items()}
     with ddplab.chapter_output(args.out, CHAPTER) as out:
-        traces = bubble_bench.write_traces(out, result)
+        traces = chapter06_workbench.write_traces(out, result)
         metrics = report.chapter_metrics(result, hung, args.delays, run.provenance, traces,
                                          EXPECTED_SLOPE, BUBBLE_DELAY_MS)
         ddplab.write_results(out, CHAPTER, metrics, run.provenance)
-        figures = draw_figures(out, drawing.draw)
+        figures = draw_figures(out, drawing.chapter06.draw)
     print(report.summarize(metrics, EXPECTED_SLOPE))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/ ({len(figures)} figures, "
           f"{len(traces)} traces, results.json); open the traces at https://ui.perfetto.dev")

@@ -24,7 +24,7 @@ The same with mp.spawn: the crash ends the run; the same command again resumes f
 
 Writes figures/chapter07/{resume.png, restart.png, cost.png, resume.json, restart.json,
 results.json} (or under --out DIR); the figures are drawn from results.json and the two JSON
-files beside it (scripts/figures/chapter07.py).
+files beside it (scripts/drawing/chapter07.py).
 """
 
 from __future__ import annotations
@@ -45,16 +45,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
 import ddplab
+import drawing.chapter07
+from backstage import chapter07_report as report
+from backstage import chapter07_restart
+from backstage.chapter07_restart import EventLog, restart_count
 from ddplab import checkpoint as ck
 from ddplab import checkpoint_dcp as dcpck
 from ddplab import checkpoint_pitfalls as pitfalls
-from ddplab import checkpoint_report as report
-from ddplab import torchrun_restart
 from ddplab.checkpoint_pitfalls import max_abs_diff
-from ddplab.replot import replot
-from ddplab.timing import slowest_rank
-from ddplab.torchrun_restart import EventLog, restart_count
-from figures import chapter07 as drawing
+from ddplab.run.replot import replot
+from ddplab.run.timing import slowest_rank
 
 CHAPTER = 7
 SCRIPT = Path(__file__).resolve()
@@ -264,7 +264,7 @@ def train(ctx: ddplab.RankContext, cfg: Config, job: Job) -> dict:
     while step < end:
         sampler.start_at(epoch, skip=batch * cfg.batch)  # the samples this rank already had
         for x, y, index in loader:
-            torchrun_restart.crash_if_asked(ctx, job, step, resumed is not None, log)
+            chapter07_restart.crash_if_asked(ctx, job, step, resumed is not None, log)
             loss = train_step(model, optimizer, scheduler, x.to(ctx.device), y.to(ctx.device))
             losses[step], seen[step] = loss.item(), index.tolist()
             step, batch = step + 1, batch + 1
@@ -376,8 +376,8 @@ def launch(args, stage: str, **changes):
 
 
 # --- the launching process: run every part, then report ---------------------------------------
-# torchrun --max-restarts 1 and the runs' event logs: scripts/ddplab/torchrun_restart.py.
-# Flags, work directory, results.json and the summary: scripts/ddplab/checkpoint_report.py.
+# torchrun --max-restarts 1 and the runs' event logs: scripts/backstage/chapter07_restart.py.
+# Flags, work directory, results.json and the summary: scripts/backstage/chapter07_report.py.
 
 def run_chapter(args, work: Path) -> dict:
     cfg = config(args)
@@ -401,11 +401,11 @@ def run_chapter(args, work: Path) -> dict:
         raise RuntimeError("the crash run was supposed to fail")
     except ddplab.RankFailed as err:
         crash_error = str(err)
-    crash_log = torchrun_restart.read_log(work / "crash" / "log.jsonl")
+    crash_log = chapter07_restart.read_log(work / "crash" / "log.jsonl")
     pitfalls.snapshot_latest(work / "crash" / "torch", work / "snapshot" / "torch")
     resumed = launch(args, "resume", work=str(work)).result
     resumed_dcp = launch(args, "resume_dcp", work=str(work)).result
-    restart = torchrun_restart.run_torchrun_restart(args, SCRIPT, cfg.crash_at, work)
+    restart = chapter07_restart.run_torchrun_restart(args, SCRIPT, cfg.crash_at, work)
     # 3 ranks, where the order of a sum matters (gloo on CPU unless there are 3 GPUs)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     metrics["buckets"] = launch(args, "buckets", work=str(work), world_size=3,
@@ -413,7 +413,7 @@ def run_chapter(args, work: Path) -> dict:
 
     metrics.update(report.resumed_metrics(metrics["dcp"], resumed, resumed_dcp, crash_error,
                                           ref_params))
-    metrics["restart"] = torchrun_restart.restart_metrics(restart, ref_params)
+    metrics["restart"] = chapter07_restart.restart_metrics(restart, ref_params)
     metrics["pitfalls"].update(pitfalls.forgetful_resumes(resumed, reference, ref_params))
     curves.update(report.resume_curves(crash_log, resumed, resumed_dcp, restart["log"]))
     return {"metrics": metrics, "curves": curves, "provenance": provenance, "restart": restart,
@@ -431,7 +431,7 @@ def parse_args(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.draw)
+        replot(args.out, CHAPTER, drawing.chapter07.draw)
         return None
     with report.checkpoint_directory_lock(args):  # one run at a time per --ckpt-dir
         if args.train:  # one run, checkpoints in --ckpt-dir; rank 0 leaves final.pt there
@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if not parts:  # a non-zero rank under torchrun
         return None
     metrics = parts["metrics"]
-    report.write_outputs(args.out, CHAPTER, parts, drawing.draw)
+    report.write_outputs(args.out, CHAPTER, parts, drawing.chapter07.draw)
     return metrics
 
 

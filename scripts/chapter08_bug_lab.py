@@ -39,7 +39,7 @@ import ddplab
 from ddplab.bugs import diagnose
 from ddplab.bugs.catalog import BY_NAME, GPU_ONLY, SCENARIOS, Scenario
 from ddplab.bugs.runner import HANG_TIMEOUT_S, gather_outcome, judge, run_in_main, run_on_this_rank
-from ddplab.launch import started_by_torchrun
+from ddplab.run.launch import started_by_torchrun
 
 CHAPTER = 8
 DIAGNOSIS_TIMEOUT_S = 3.0  # the hang under the flight recorder: the launch's own timeout
@@ -327,8 +327,8 @@ def main(argv: list[str] | None = None) -> dict | None:
 def _provenance(args) -> dict:
     import torch
 
-    from ddplab.ranks import RankContext
-    from ddplab.results import provenance
+    from ddplab.run.ranks import RankContext
+    from ddplab.run.results import provenance
 
     ctx = RankContext(rank=0, local_rank=0, world_size=2, backend="gloo",
                       device=torch.device("cpu"), seed=args.seed, quick=args.quick,

@@ -34,17 +34,17 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 from torch.nn.parallel import DistributedDataParallel
 
 import ddplab
+import drawing.chapter09
 from ddplab import BucketedDDP
 from ddplab.comm_hooks import HookBucket, bf16_hook, count_bytes, fp16_hook
 from ddplab.costmodel import chapter03_calibration
-from ddplab.hook_cost import prediction, where_it_pays
-from ddplab.launch import started_by_torchrun
-from ddplab.models import ResidualMLP, make_clusters
+from ddplab.hook_costmodel import prediction, where_it_pays
 from ddplab.powersgd import PowerSGDState, powersgd_hook
 from ddplab.precision import mixed_precision_for
-from ddplab.ranks import max_over_ranks
-from ddplab.replot import draw_figures, replot
-from figures import chapter09 as drawing
+from ddplab.run.launch import started_by_torchrun
+from ddplab.run.models import ResidualMLP, make_clusters
+from ddplab.run.ranks import max_over_ranks
+from ddplab.run.replot import draw_figures, replot
 
 CHAPTER = 9
 HOOKS = ("none", "fp16", "bf16", "powersgd")
@@ -407,7 +407,7 @@ def parse_args(argv: list[str] | None = None) -> Namespace:
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.draw)
+        replot(args.out, CHAPTER, drawing.chapter09.draw)
         return None
     run = ddplab.launch(worker, args)
     if run is None:
@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> dict | None:
                                                 world=8, loopback=model, rank=RANK)
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         ddplab.write_results(out, CHAPTER, result, run.provenance)
-        names = draw_figures(out, drawing.draw)
+        names = draw_figures(out, drawing.chapter09.draw)
     print(summarize(result))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(names)}, results.json}}")
     return result

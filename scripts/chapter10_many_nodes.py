@@ -34,12 +34,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddplab
-from ddplab import costmodel, netns, nodes_verdicts, stopping, timing
-from ddplab import nodes_report as report
-from ddplab.models import ResidualMLP
-from ddplab.nodes_report import NodeFailed, node_failure, node_failure_from
-from ddplab.replot import draw_figures, replot
-from figures import chapter10 as drawing
+import drawing.chapter10
+from backstage import chapter10_report as report
+from backstage import chapter10_verdicts
+from backstage.chapter10_report import NodeFailed, node_failure, node_failure_from
+from ddplab import costmodel
+from ddplab.run import netns, stopping, timing
+from ddplab.run.models import ResidualMLP
+from ddplab.run.replot import draw_figures, replot
 
 CHAPTER = 10
 MiB = 1 << 20
@@ -108,7 +110,7 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
                    for n in range(args.nodes)]  # every rank creates every group
     mine = node_groups[ctx.rank // per_node]
     result = {"world_size": ctx.world_size, "nodes": args.nodes, "phases": {},
-              "provenance": ddplab.results.provenance(ctx)}
+              "provenance": ddplab.run.results.provenance(ctx)}
     intra = time_allreduce(sizes[-1], rounds, group=mine)
     result["intra_node_busbw_gbps"] = busbw_gbps(sizes[-1], intra, per_node)
     for phase in args.phases.split(","):
@@ -285,7 +287,7 @@ def one_node(args, phase: str) -> dict:
 def calibration(out: Path) -> dict:
     """α, β, γ from chapter 03, compute from chapter 05: the reader's runs, else the committed;
     with where and when each was measured, which the page shows beside the values."""
-    for root in (out, ddplab.results.REPO_ROOT / "figures"):
+    for root in (out, ddplab.run.results.REPO_ROOT / "figures"):
         fit = costmodel.chapter03_fit(root)  # None for a --quick run: no bandwidth in it
         try:
             ch05 = ddplab.read_results(root, 5)
@@ -407,7 +409,7 @@ def parse_args(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.draw)
+        replot(args.out, CHAPTER, drawing.chapter10.draw)
         return None
     if args.node_worker:  # one rank of the two-node run, started by torchrun
         ddplab.launch(worker, args)
@@ -433,12 +435,12 @@ def main(argv: list[str] | None = None) -> dict | None:
                "validation": validate(one["result"], two, cal),
                "projection": project(cal, grad_bytes), "links": {
                    k: vars(v) for k, v in costmodel.LINKS.items()}}
-    metrics["verdicts"] = nodes_verdicts.verdicts(metrics, RATES, BUCKET_CAP_MB * MiB)
+    metrics["verdicts"] = chapter10_verdicts.verdicts(metrics, RATES, BUCKET_CAP_MB * MiB)
     if args.gpus:
         metrics["query"] = ask(args, cal, grad_bytes)
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         ddplab.write_results(out, CHAPTER, metrics, one["provenance"])
-        draw_figures(out, drawing.draw)
+        draw_figures(out, drawing.chapter10.draw)
     print(report.summarize(metrics))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/")
     return metrics

@@ -16,7 +16,7 @@ Run it:
 
 Writes out/chapter11/{ledger_formula.png, ledger.png, gathers.png, timeline.png, halves.png,
 results.json} (or under --out DIR); the figures are drawn from results.json alone
-(scripts/figures/chapter11.py).
+(scripts/drawing/chapter11.py).
 """
 
 from __future__ import annotations
@@ -43,17 +43,17 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 import ddplab
+import drawing.chapter11
+from backstage import chapter11_probe as probe
+from backstage import chapter11_report as report
 from ddplab import FullyShardedDP, ShardedOptimizer, costmodel
 from ddplab import memory_ledger as ml
-from ddplab import sharding_probe as probe
-from ddplab import sharding_report as report
 from ddplab.fsdp import clip_grad_norm_
 from ddplab.fsdp_layout import parameter_major, shard
-from ddplab.ranks import point_to_point_context
-from ddplab.replot import draw_figures, replot
 from ddplab.ring_halves import ring_all_gather, ring_reduce_scatter
+from ddplab.run.ranks import point_to_point_context
+from ddplab.run.replot import draw_figures, replot
 from ddplab.zero2 import ShardedGradients
-from figures import chapter11 as drawing
 
 CHAPTER = 11
 # (features, first width, second width, classes, batch per rank); no width divides by 3.
@@ -416,7 +416,7 @@ def parse_args(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     if args.replot:
-        replot(args.out, CHAPTER, drawing.draw)
+        replot(args.out, CHAPTER, drawing.chapter11.draw)
         return None
     run = ddplab.launch(worker, args)
     if run is None:
@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     result["verdicts"] = report.verdicts(result, run.provenance["backend"])
     with ddplab.chapter_output(args.out, CHAPTER) as out:
         ddplab.write_results(out, CHAPTER, result, run.provenance)
-        names = draw_figures(out, drawing.draw)
+        names = draw_figures(out, drawing.chapter11.draw)
     print(report.summarize(result, run.provenance))
     print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(names)}, results.json}}")
     return result

@@ -10,7 +10,7 @@ from torch import nn
 
 import ddplab
 from ddplab import syncbn
-from ddplab.timing import slowest_rank
+from ddplab.run.timing import slowest_rank
 
 
 def _shard_sizes(world_size: int) -> list[int]:
@@ -71,7 +71,7 @@ def hook_against_built_in(ctx: ddplab.RankContext, args) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ddplab import stragglers
-    from ddplab.timeline import Timeline
+    from ddplab.run.timeline import Timeline
 
     def mlp():
         torch.manual_seed(0)

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddplab import checkpoint_dcp as dcpck
-from ddplab.launch import exit_without_teardown
+from ddplab.run.launch import exit_without_teardown
 
 
 def save_then_load_generators(rank: int, world: int, folder: str) -> None:
@@ -42,7 +42,7 @@ def save_then_load_generators(rank: int, world: int, folder: str) -> None:
         dcp.save = original_save
         dist.destroy_process_group()
     # The book's ranks end this way too: a rank's interpreter teardown can abort after the work
-    # is done (ddplab.launch.exit_without_teardown says why); this test is about the keys.
+    # is done (ddplab.run.launch.exit_without_teardown says why); this test is about the keys.
     exit_without_teardown(0)
 
 

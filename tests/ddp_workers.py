@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ddplab import BucketedDDP, NaiveDDP
 from ddplab.bucketed_ddp import assign_buckets, native_buffer_sync
-from ddplab.timeline import Timeline
+from ddplab.run.timeline import Timeline
 
 
 def mlp(frozen_first: bool = False, batchnorm: bool = False) -> nn.Module:

@@ -95,12 +95,12 @@ def restart(args) -> None:
 
     import chapter07_checkpointing as chapter
 
-    from ddplab import checkpoint_report, torchrun_restart
+    from backstage import chapter07_report, chapter07_restart
 
     args.ckpt_dir = None
-    work, _ = checkpoint_report.work_directory(args)
+    work, _ = chapter07_report.work_directory(args)
     try:
-        torchrun_restart.run_torchrun_restart(args, chapter.SCRIPT, chapter.config(args).crash_at,
+        chapter07_restart.run_torchrun_restart(args, chapter.SCRIPT, chapter.config(args).crash_at,
                                               work)
     finally:
         shutil.rmtree(work, ignore_errors=True)

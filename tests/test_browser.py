@@ -32,7 +32,7 @@ DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 NOT_PAGES = ("assets/", "javascripts/", "figures/", "search/", "stylesheets/", "404.html")
 # Figures drawn wider than a 1280-px screen's column (natural width > column / 0.8) would fill the
-# column but stay under 80 % of their natural width; ddplab.plotting.save keeps every figure
+# column but stay under 80 % of their natural width; ddplab.run.plotting.save keeps every figure
 # within the column, so this list is empty and must stay so.
 DRAWN_WIDER_THAN_THE_COLUMN: set[str] = set()  # none since plotting.save fits the column
 

@@ -7,7 +7,8 @@ import json
 import pytest
 from conftest import PROVENANCE_KEYS, assert_png, run_quick, run_script
 
-from ddplab import bubble_report, stragglers
+from backstage import chapter06_report
+from ddplab import stragglers
 
 SCRIPT = "scripts/chapter06_bubbles.py"
 FIGURES = ["timeline_native.png", "timeline_bucketed.png", "straggler.png",
@@ -82,7 +83,7 @@ def test_a_sweep_summary_from_given_timings():
               "wait_span_ms": [0.0] * 4},
              {"idle_ms": [d + 3 for d in delays], "step_ms": [d + 29 for d in delays],
               "wait_span_ms": [d + 2 for d in delays]}]
-    summary = bubble_report.summarize_sweep({"per_rank": ranks}, delays, slow_rank=1)
+    summary = chapter06_report.summarize_sweep({"per_rank": ranks}, delays, slow_rank=1)
     assert summary["idle_ms_fast_ranks"] == [2.5, 12.5, 22.5, 42.5]
     assert summary["slope_idle"] == 1.0 and summary["intercept_idle_ms"] == 2.5
     assert summary["step_time_ms"] == [31.0, 41.0, 51.0, 71.0]
@@ -163,7 +164,7 @@ def test_sync_points_are_counted_and_syncbn_matches_the_full_batch(quick):
 def test_the_rank_that_timed_out_is_blamed_not_the_peer_it_cut_off(tmp_path):
     """A gloo timeout closes the rank's sockets at once, so its peer can fail ("Connection
     closed by peer") and claim the failure first; the hang demos must still name the timeout."""
-    from ddplab.launch import _root_cause
+    from ddplab.run.launch import _root_cause
 
     reports = {0: "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:942",
                1: "RuntimeError: [unbound_buffer.cc:78] Timed out waiting 3000ms for recv"}
@@ -185,7 +186,7 @@ def test_bad_flags_are_one_clear_line(tmp_path):
 
 @pytest.mark.slow
 def test_figures_redraw_from_results_json_alone(quick, tmp_path):
-    """--replot draws every figure from results.json (scripts/figures/chapter06.py), no rank."""
+    """--replot draws every figure from results.json (scripts/drawing/chapter06.py), no rank."""
     _, out, _ = quick
     folder = tmp_path / "chapter06"
     folder.mkdir()

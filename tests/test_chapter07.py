@@ -122,8 +122,8 @@ def test_bad_flags_are_one_clear_line(argv, message, tmp_path):
 def test_a_non_empty_ckpt_dir_is_refused(tmp_path):
     import argparse
 
-    from ddplab import checkpoint_report
+    from backstage import chapter07_report
 
     (tmp_path / "old.pt").write_text("x")
     with pytest.raises(ddplab.UsageError, match="is not empty"):
-        checkpoint_report.work_directory(argparse.Namespace(ckpt_dir=tmp_path))
+        chapter07_report.work_directory(argparse.Namespace(ckpt_dir=tmp_path))

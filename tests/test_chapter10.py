@@ -12,7 +12,8 @@ import chapter10_many_nodes as ch10
 import pytest
 from conftest import PROVENANCE_KEYS, REPO, assert_png, run_quick, run_script
 
-from ddplab import costmodel, netns
+from ddplab import costmodel
+from ddplab.run import netns
 
 SCRIPT = "scripts/chapter10_many_nodes.py"
 NEEDS_ROOT = pytest.mark.skipif(netns.unavailable_reason() is not None,

@@ -150,17 +150,17 @@ def test_replot_names_a_missing_key(tmp_path):
 
 @pytest.mark.slow
 def test_verdicts_follow_the_numbers(spawned):
-    from ddplab import sharding_report
+    from backstage import chapter11_report
 
     results = json.loads(json.dumps(spawned[2]))
     results["equality"]["max_abs_diff"]["flat_layout_vs_fully_shard"] = 3e-8
     results["reshard"]["continued_max_abs_diff"] = 1e-7
-    verdicts = sharding_report.verdicts(results, "gloo")
+    verdicts = chapter11_report.verdicts(results, "gloo")
     assert verdicts["equal"]["flat_layout_vs_fully_shard"] == "apart by up to 3e-08"
     assert verdicts["reshard_text"] == "apart by up to 1e-07"
     held = results["ledger"]["per_rank"][0]["zero2"]["held"]
     held["params"] += 4
-    exact = sharding_report.verdicts(results, "gloo")["ledger_exact_text"]
+    exact = chapter11_report.verdicts(results, "gloo")["ledger_exact_text"]
     assert exact["zero2"] == "not to the byte"
 
 

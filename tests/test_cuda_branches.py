@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import chapter09_compression as ch09
 import torch
 
-from ddplab import ranks
+from ddplab.run import ranks
 
 
 def test_nccl_collectives_travel_through_this_ranks_gpu(monkeypatch):
@@ -50,7 +50,7 @@ def test_the_scaler_follows_the_devices_bf16_answer(monkeypatch):
 def test_gpu_peak_memory_is_measured_from_the_right_baseline(monkeypatch):
     """PeakMemory on a GPU: the peak is reset when each block starts, so a later block reports
     its own peak, measured above the earlier block's baseline when asked (``since=``)."""
-    from ddplab import memory
+    from ddplab.run import memory
     gpu = {"allocated": 100 * memory.MiB, "peak": 100 * memory.MiB}
 
     def allocate(mib: int) -> None:

@@ -10,9 +10,9 @@ import pytest
 import torch
 from conftest import assert_png
 
-from ddplab import plotting, results, timing
-from ddplab.ranks import RankContext
-from ddplab.timeline import Event, Timeline, chrome_trace, draw_gantt
+from ddplab.run import plotting, results, timing
+from ddplab.run.ranks import RankContext
+from ddplab.run.timeline import Event, Timeline, chrome_trace, draw_gantt
 
 
 def cpu_context(**overrides) -> RankContext:

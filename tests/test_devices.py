@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import run_script
 
-from ddplab.cli import UsageError
-from ddplab.devices import place
+from ddplab.run.cli import UsageError
+from ddplab.run.devices import place
 
 
 @pytest.mark.parametrize(("device", "backend", "ranks", "gpus", "expected"), [
@@ -97,7 +97,7 @@ def test_a_chapter_refuses_device_cuda_without_a_gpu_in_one_line(tmp_path):
 
 
 def test_point_to_point_chapters_keep_cpu_tensors_on_a_gpu_shared_over_gloo():
-    from ddplab.ranks import RankContext, point_to_point_context
+    from ddplab.run.ranks import RankContext, point_to_point_context
 
     def ctx(backend, device):
         return RankContext(rank=0, local_rank=0, world_size=2, backend=backend,

@@ -14,7 +14,7 @@ from pathlib import Path
 import doctor
 import pytest
 
-from ddplab.stopping import _descendants
+from ddplab.run.stopping import _descendants
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -92,7 +92,7 @@ def test_a_run_out_of_time_is_judged_by_where_the_ranks_were(monkeypatch, phases
 
 @pytest.mark.parametrize("port", ["70000", "0", "-1", "http"])
 def test_a_bad_port_is_one_line_and_exit_2(port):
-    run = subprocess.run([sys.executable, "scripts/doctor.py", "--port", port], cwd=REPO,
+    run = subprocess.run([sys.executable, "tools/doctor.py", "--port", port], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
@@ -111,7 +111,7 @@ def test_no_writable_temp_dir_is_a_failed_row_not_a_traceback(monkeypatch, tmp_p
 
 @pytest.mark.slow
 def test_doctor_passes_on_this_machine():
-    run = subprocess.run([sys.executable, "scripts/doctor.py", "--no-site"], cwd=REPO,
+    run = subprocess.run([sys.executable, "tools/doctor.py", "--no-site"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "✓ gloo all-reduce" in run.stdout and "Ready for the workshop." in run.stdout

@@ -33,9 +33,9 @@ from test_faults import (  # noqa: F401  (box, saved, dcp_saved: fixtures)
 )
 from test_replot import CHAPTERS, committed_run, no_rank_may_start
 
+from backstage.chapter07_report import LOCK_NAME, locked_directory
 from ddplab import checkpoint as ck
-from ddplab.checkpoint_report import LOCK_NAME, locked_directory
-from ddplab.cli import UsageError
+from ddplab.run.cli import UsageError
 
 CH05, CH06, CH08 = (f"scripts/{name}.py" for name in (
     "chapter05_data_parallel", "chapter06_bubbles", "chapter08_bug_lab"))
@@ -81,7 +81,7 @@ def test_a_second_run_on_a_checkpoint_directory_in_use_is_refused(box):
 def test_a_lock_left_by_a_killed_run_does_not_block(box):
     ckpt = box.out / "ckpt"
     hold = ("import sys, time; sys.path.insert(0, 'scripts'); from pathlib import Path; "
-            "from ddplab.checkpoint_report import locked_directory\n"
+            "from backstage.chapter07_report import locked_directory\n"
             "with locked_directory(Path(sys.argv[1])):\n"
             "    print('held', flush=True); time.sleep(600)")
     holder = box.start("-c", hold, str(ckpt))
@@ -296,7 +296,7 @@ def test_a_full_tmpdir_is_one_line_not_an_eoferror(box):
 # --- --replot on a hand-edited results.json ---------------------------------------------------
 
 def _schema(chapter: int) -> dict:
-    return importlib.import_module(f"figures.chapter{chapter:02d}").SCHEMA
+    return importlib.import_module(f"drawing.chapter{chapter:02d}").SCHEMA
 
 
 def _set(results: dict, key: str, value) -> None:

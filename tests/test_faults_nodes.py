@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO
 from test_faults import _sigint_as_in_a_terminal, last_line
 
-from ddplab import netns
+from ddplab.run import netns
 
 SCRIPT = "scripts/chapter10_many_nodes.py"
 NEEDS_ROOT = pytest.mark.skipif(netns.unavailable_reason() is not None,
@@ -75,7 +75,7 @@ def gone(pid: int, tmp: Path | None = None, timeout: float = 20) -> list[str]:
 # A launcher in miniature: two nodes with a shaped cable and a process in each, then it waits.
 MINI_LAUNCHER = f"""
 import subprocess, sys, time
-sys.path.insert(0, {str(REPO / "scripts" / "ddplab")!r})
+sys.path.insert(0, {str(REPO / "scripts" / "ddplab" / "run")!r})
 import netns
 pair = netns.TwoNodes.create()
 pair.set_rate(100.0)
@@ -193,7 +193,7 @@ def test_sigkill_of_chapter10_ends_its_ranks_and_the_next_doctor_removes_the_res
         proc.wait()
         wait_until(lambda: not processes_marked(f"ddpl-{proc.pid}"), timeout=20,
                    what="the end of torchrun and its ranks in both nodes")
-        doc = subprocess.run([sys.executable, "scripts/doctor.py", "--no-site"], cwd=REPO,
+        doc = subprocess.run([sys.executable, "tools/doctor.py", "--no-site"], cwd=REPO,
                              capture_output=True, text=True, timeout=120,
                              env={**os.environ, "TMPDIR": str(tmp)})
         row = [ln for ln in doc.stdout.splitlines() if ln.startswith(" ! leftovers")]

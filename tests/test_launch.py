@@ -14,7 +14,7 @@ import rank_workers
 from conftest import REPO, run_script
 
 import ddplab
-from ddplab import cli
+from ddplab.run import cli
 
 CH01 = "scripts/chapter01_processes.py"
 

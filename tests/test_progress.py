@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ddplab
-from ddplab import ranks
+from ddplab.run import ranks
 
 
 class Terminal(io.StringIO):

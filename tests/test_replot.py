@@ -1,4 +1,4 @@
-"""--replot: every chapter with a drawing module (scripts/figures/chapterNN.py) redraws each of its
+"""--replot: every chapter with a drawing module (scripts/drawing/chapterNN.py) redraws each of its
 committed figures from the committed run's files alone, without starting a rank."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import torch.multiprocessing
 from conftest import REPO, assert_png, run_script
 
 import ddplab
-from ddplab.cli import UsageError
+from ddplab.run.cli import UsageError
 
 FIGURES = REPO / "figures"
 # Each chapter that draws from its files: its number and its script's module name.
 CHAPTERS = {int(p.stem[len("chapter"):]): next(REPO.glob(f"scripts/{p.stem}_*.py")).stem
-            for p in sorted((REPO / "scripts" / "figures").glob("chapter[0-9][0-9].py"))}
+            for p in sorted((REPO / "scripts" / "drawing").glob("chapter[0-9][0-9].py"))}
 
 
 def no_rank_may_start(monkeypatch) -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ddplab import stragglers
-from ddplab.timeline import Event
+from ddplab.run.timeline import Event
 
 
 def step(rank: int, launches: list[float], backward=(10.0, 40.0), offset: float = 0.0):
@@ -120,7 +120,7 @@ def test_a_gpu_timeline_stamps_with_cuda_events_and_reads_them_late(monkeypatch)
     """On a GPU every stamp is a CUDA event (the GPU's clock, not the host's launch time); the
     events are read, waiting for them, only when ``events`` is looked at.  Faked here: the
     test machine has no GPU, the logic is the same."""
-    from ddplab import timeline
+    from ddplab.run import timeline
 
     gpu_clock = [0.0]
     recorded = []
@@ -160,7 +160,7 @@ def _waits_here():  # a demo function of this file, for where_it_waited
 
 
 def test_where_a_hung_rank_waited_is_its_demo_files_last_line():
-    from ddplab import hangs
+    from ddplab.run import hangs
 
     details = ('Traceback (most recent call last):\n'
                '  File "/x/ddplab/hangs.py", line 80, in _with_flight_recorder\n'
@@ -176,7 +176,7 @@ def test_where_a_hung_rank_waited_is_its_demo_files_last_line():
 def test_the_flight_recorder_switch_restores_the_environment(monkeypatch):
     import os
 
-    from ddplab import hangs
+    from ddplab.run import hangs
 
     monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
     with hangs.flight_recorder_on(16):

@@ -1,8 +1,8 @@
-"""ddplab.timing.compare's shuffled order and progress hook (single process: no collectives)."""
+"""ddplab.run.timing.compare's shuffled order and progress hook (single process: no collectives)."""
 
 from __future__ import annotations
 
-from ddplab import timing
+from ddplab.run import timing
 
 
 def test_shuffle_varies_the_order_the_same_way_on_every_rank():

@@ -13,11 +13,11 @@ import pytest
 from collective_workers import chapter02
 from conftest import REPO
 
-from ddplab import data_parallel_report
-from ddplab.bucket_sweep_report import sweep_verdict
-from ddplab.ring_report import per_call_costs
-from ddplab.ring_report import verdicts as ring_verdicts
-from figures.chapter03 import label_bytes
+from backstage import chapter05_report
+from backstage.chapter03 import per_call_costs
+from backstage.chapter03 import verdicts as ring_verdicts
+from backstage.chapter04 import sweep_verdict
+from drawing.chapter03 import label_bytes
 
 MiB = 2**20
 PAGE_03 = (REPO / "docs" / "chapters" / "03-ring-allreduce.md").read_text()
@@ -214,7 +214,7 @@ def dp_results(**why) -> dict:
     r["why_naive_is_slower"].setdefault("small_allreduce_mean_ms",
                                         r["why_naive_is_slower"]["small_allreduce_ms"])
     r["why_naive_is_slower"].update(why)
-    r["verdicts"] = data_parallel_report.verdicts(r)
+    r["verdicts"] = chapter05_report.verdicts(r)
     return r
 
 
@@ -225,7 +225,7 @@ def test_the_four_rank_change_takes_its_sign_from_the_run(render_page):
     four = next(p for p in points if p["world_size"] == 4)
     for factor, verb in ((0.5, "4 ranks lose 50% against 2"), (1.25, "4 ranks gain 25% against 2")):
         four["samples_per_s"]["native"] = two * factor
-        r["verdicts"] = data_parallel_report.verdicts(r)
+        r["verdicts"] = chapter05_report.verdicts(r)
         assert verb in render_page(PAGE_05, "05", r)
 
 
@@ -247,7 +247,7 @@ def test_what_the_named_causes_explain_of_the_gap_to_native_follows_the_run(rend
 def test_a_naive_step_no_longer_than_native_leaves_no_gap_to_explain(render_page):
     r = dp_results()
     r["step_time_ms"]["naive"] = r["step_time_ms"]["native"] - 1.0
-    r["verdicts"] = data_parallel_report.verdicts(r)
+    r["verdicts"] = chapter05_report.verdicts(r)
     assert r["verdicts"]["gap_to_native"]["explained_share"] is None
     assert "so there is no gap to explain" in render_page(PAGE_05, "05", r)
 
@@ -261,13 +261,13 @@ def test_scaling_without_communication_is_read_against_the_cores(render_page):
                                 (one, "50% at 2 ranks")):
         points[2]["samples_per_s"]["local"] = two_ranks
         points[4]["samples_per_s"]["local"] = one * 2
-        r["verdicts"] = data_parallel_report.verdicts(r)
+        r["verdicts"] = chapter05_report.verdicts(r)
         row = r["verdicts"]["scaling_without_communication"]["rows"][0]
         assert row["local_speedup"] == pytest.approx(two_ranks / one)
         assert row["allowed"] == 2
         assert expected in render_page(PAGE_05, "05", r)
     r["scaling"]["threads_per_rank"] = None  # one GPU a rank: perfect scaling is the bound
-    r["verdicts"] = data_parallel_report.verdicts(r)
+    r["verdicts"] = chapter05_report.verdicts(r)
     assert "one GPU a rank allows 2× and 4×" in render_page(PAGE_05, "05", r)
 
 
@@ -276,7 +276,7 @@ def test_overlap_verdict_is_a_lower_bound_that_names_the_copies_it_leaves_out(re
     for native_ms, words in ((1e3, "this estimate shows no saving from overlap"),
                              (1e-3, "overlap saved at least")):
         r["step_time_ms"]["native"] = native_ms
-        r["verdicts"] = data_parallel_report.verdicts(r)
+        r["verdicts"] = chapter05_report.verdicts(r)
         page = render_page(PAGE_05, "05", r)
         assert words in page and "copies of the gradients into and out of its buckets" in page
         assert ("shows no saving" in page) == (native_ms > 1)
@@ -288,7 +288,7 @@ def test_the_overlap_term_of_the_gap_keeps_its_sign(render_page):
     serial = r["verdicts"]["overlap"]["serial_step_ms"]
     r["step_time_ms"]["native"] = serial + 2.0  # native slower than its serial estimate
     r["step_time_ms"]["naive"] = serial + 10.0
-    r["verdicts"] = data_parallel_report.verdicts(r)
+    r["verdicts"] = chapter05_report.verdicts(r)
     gap = r["verdicts"]["gap_to_native"]
     assert gap["below_serial_ms"] == pytest.approx(-2.0)
     assert gap["explained_ms"] == pytest.approx(-2.0)  # not clamped to zero
@@ -372,5 +372,5 @@ def test_the_gap_accounting_handles_causes_beyond_the_gap_and_a_run_without_stal
     assert "account for all of it and more" in text and "%)" not in text.split(":")[0]
     r = dp_results()
     del r["why_naive_is_slower"]["small_allreduce_mean_ms"]
-    gap = data_parallel_report.verdicts(r)["gap_to_native"]
+    gap = chapter05_report.verdicts(r)["gap_to_native"]
     assert gap["stalls_ms"] is None and "did not time the stalls" in gap["text"]

@@ -145,10 +145,10 @@ def run_all(scripts: list[Path], extra: list[str], scratch: Path) -> list[Row]:
 
 
 def doctor_seconds(root: Path = ROOT) -> tuple[float, int]:
-    """Wall time of ``scripts/doctor.py`` (the site build included), and its exit status."""
+    """Wall time of ``tools/doctor.py`` (the site build included), and its exit status."""
     print("== make doctor", flush=True)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "scripts/doctor.py"], cwd=root, capture_output=True,
+    proc = subprocess.run([sys.executable, "tools/doctor.py"], cwd=root, capture_output=True,
                           text=True)
     return time.perf_counter() - start, proc.returncode
 
@@ -181,14 +181,14 @@ SHARDING_GOALS = {"fsdp_step_ratio": 1.0, "zero1_step_ratio": None, "peak_ratio"
 def sharding_bench() -> dict:
     """Chapter 11's hand-written sharding against native on 2 CPU ranks: FullyShardedDP /
     fully_shard and ShardedOptimizer / ZeroRedundancyOptimizer step time, and FullyShardedDP /
-    fully_shard peak memory per rank (``ddplab/sharding_bench.py``)."""
+    fully_shard peak memory per rank (``backstage/chapter11_bench.py``)."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from ddplab import sharding_bench
-    from ddplab.launch import launch
+    from backstage import chapter11_bench
+    from ddplab.run.launch import launch
 
     args = argparse.Namespace(world_size=2, backend="gloo", device="cpu", quick=True, seed=0,
                               timeout=300.0, replot=False, out=Path(tempfile.gettempdir()))
-    return launch(sharding_bench.bench_worker, args).result
+    return launch(chapter11_bench.bench_worker, args).result
 
 
 def sharding_values(found: dict) -> dict[str, float]:
@@ -233,7 +233,7 @@ def record(rows: list[Row], grading: dict[str, float], root: Path = ROOT,
     import torch  # only for the version: the chapters themselves ran in their own processes
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    from ddplab.results import cpu_model, git_commit
+    from ddplab.run.results import cpu_model, git_commit
 
     path = root / "figures" / "bench" / "results.json"
     path.parent.mkdir(parents=True, exist_ok=True)

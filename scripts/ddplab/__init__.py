@@ -1,47 +1,55 @@
-"""ddplab: the small library the chapters of *DDP from Scratch* build, one concept per module.
+"""ddplab: what the reader of *DDP from Scratch* builds, one concept per module.
 
-    devices.py   --device/--backend: which backend, which device each rank computes on
-    launch.py    run a function on N ranks (mp.spawn or torchrun), clean failures
-    entry.py     a chapter's main: every failure as one clear last line and an exit code
-    stopping.py  every exit path (error, hang, Ctrl-C, SIGTERM) ends every process it started
-    ranks.py     who am I: RankContext, get("rank"), seeding, progress bars
-    cli.py       the flags every chapter shares, bad input as one clear line
-    results.py   results.json with provenance, staged chapter output
-    replot.py    --replot: a chapter's figures drawn from its run's files, no rank started
-    fitting.py   least squares for a cost model (non-negative, on relative error)
-    timing.py    fair step timing (warm-up, barriers, medians, A B A B)
-    timeline.py  per-rank event timelines, Gantt charts, Chrome traces
-    plotting.py  the book's figure style (imports matplotlib: import it where you draw)
-    naive_ddp.py     NaiveDDP: after backward, one all-reduce per parameter (the tutorials' way)
-    bucketed_ddp.py  BucketedDDP: buckets all-reduced during backward (native DDP's design)
-    bucket_trace.py  BucketedDDP's buckets on a timeline (layered on, not woven in)
-    ring.py          ring_all_reduce from send/recv (and a naive all-reduce through rank 0)
-    bugs/            chapter 08's bug lab: real DDP failures as broken/fixed function pairs
-    comm_hooks.py    communication hooks: GradBucket's API for BucketedDDP, fp16/bf16, byte counts
-    powersgd.py      PowerSGD by hand (low-rank gradients, error feedback, warm start)
-    precision.py     autocast's type for a device: bf16, or fp16 with a GradScaler
-    hook_cost.py     chapter 03's α-β-γ model for a hook, and where compression pays
-    netns.py         two emulated machines: network namespaces joined by a rate-limited veth
-    costmodel.py     a DDP step's cost: the one link table, ring formula (α, β, γ), chapter 03
-                     lookup and bucket layout; all-reduce (ring, tree, hierarchical), overlap
-    nodes_verdicts.py  what chapter 10's numbers say, computed for its page
-    sharded_optimizer.py  ShardedOptimizer: ZeRO-1, each rank steps and keeps its own state
-    zero2.py         ShardedGradients: ZeRO-2, gradients reduce-scattered into per-rank shards
-    memory_ledger.py what a rank holds under DDP and ZeRO-1/2/3: predicted, measured to the byte
-    fsdp.py          FullyShardedDP: FSDP (ZeRO-3) by hand, bitwise with fully_shard
-    fsdp_layout.py   where each shard and gradient element lives (padding, shard-major order)
+The code of the book lives in four rooms (tests/test_layout.py keeps them apart):
+
+    ddplab/          what the reader builds: one concept per module, no argparse, no print, no
+                     figure paths (this package)
+    ddplab/run/      how a chapter runs: launching ranks, flags, results.json, timing, plotting
+                     (see ddplab/run/__init__.py); names no chapter, imports no concept
+    backstage/       one chapter's plumbing that is not its story (backstage/chapterNN*.py)
+    drawing/         each chapter's figures, a pure function of its results.json
+
+The concepts:
+
+    ring.py              ring_all_reduce from send/recv (and a naive all-reduce through rank 0)
+    ring_halves.py       the ring cut in half: reduce-scatter and all-gather from send/recv
+    buckets.py           native DDP's bucket packing rule, once, for every caller
+    hooked_buckets.py    gradients averaged in buckets, launched from autograd hooks (chapter 04)
+    naive_ddp.py         NaiveDDP: after backward, one all-reduce per parameter (the tutorials' way)
+    bucketed_ddp.py      BucketedDDP: buckets all-reduced during backward (native DDP's design)
+    comm_hooks.py        communication hooks: GradBucket's API for BucketedDDP, fp16/bf16, bytes
+    powersgd.py          PowerSGD by hand (low-rank gradients, error feedback, warm start)
+    precision.py         autocast's type for a device: bf16, or fp16 with a GradScaler
+    stragglers.py        where ranks wait: a late rank, the idle time of the others
+    syncbn.py            SyncBatchNorm by hand: statistics over the whole global batch
+    checkpoint.py        atomic checkpoints on rank 0, exact resume (RNG, sampler position)
+    checkpoint_dcp.py    torch.distributed.checkpoint: every rank writes its share
+    checkpoint_pitfalls.py  the ways a checkpoint goes wrong, each with the error it really gives
+    costmodel.py         a DDP step's cost: the one link table, the ring formula (α, β, γ),
+                         chapter 03's lookup, bucket layout; all-reduce (ring, tree, hierarchical)
+    hook_costmodel.py    the α-β-γ model applied to communication hooks: where compression pays
+    sharded_optimizer.py ShardedOptimizer: ZeRO-1, each rank steps and keeps its own state
+    zero2.py             ShardedGradients: ZeRO-2, gradients reduce-scattered into per-rank shards
+    memory_ledger.py     what a rank holds under DDP and ZeRO-1/2/3: predicted, measured to the byte
+    fsdp.py              FullyShardedDP: FSDP (ZeRO-3) by hand, bitwise with fully_shard
+    fsdp_layout.py       where each shard and gradient element lives (padding, shard-major order)
+    bugs/                chapter 08's bug lab: real DDP failures as broken/fixed function pairs
+                         (catalog, collectives, ddp_errors, silent, sharding, runner, diagnose)
+
+This package also re-exports the API the chapter scripts, exercises and tests rely on, the
+wrappers and the harness entry points (``ddplab.launch``, ``ddplab.get``, ...) from ddplab.run.
 """
 
 from .bucketed_ddp import BucketedDDP
-from .cli import UsageError, chapter_parser, parse_chapter_args, positive
-from .devices import Placement, place
-from .entry import run_main
 from .fsdp import FullyShardedDP
-from .launch import RankFailed, Run, check_rank, launch
 from .naive_ddp import NaiveDDP
-from .ranks import RankContext, get, progress, seed_everything
-from .results import chapter_output, read_results, write_results
 from .ring import naive_all_reduce, ring_all_reduce
+from .run.cli import UsageError, chapter_parser, parse_chapter_args, positive
+from .run.devices import Placement, place
+from .run.entry import run_main
+from .run.launch import RankFailed, Run, check_rank, launch
+from .run.ranks import RankContext, get, progress, seed_everything
+from .run.results import chapter_output, read_results, write_results
 from .sharded_optimizer import ShardedOptimizer
 
 __all__ = [

@@ -35,7 +35,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .bucket_trace import BucketTrace
 from .buckets import (  # noqa: F401  (the packing rule lives in buckets.py; importable here)
     DEFAULT_CAP_MB,
     FIRST_BUCKET_BYTES,
@@ -48,7 +47,8 @@ from .buckets import (  # noqa: F401  (the packing rule lives in buckets.py; imp
 )
 from .comm_hooks import run_comm_hook
 from .naive_ddp import GradSyncSwitch, module_device, require_process_group
-from .timeline import Timeline
+from .run.timeline import Timeline
+from .run.tracing import BucketTrace
 
 
 # --8<-- [start:bucket]

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from .timeline import Event, Timeline
+from .run.timeline import Event, Timeline
 
 
 # --8<-- [start:inject_delay]

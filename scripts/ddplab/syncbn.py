@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .timeline import Timeline
+from .run.timeline import Timeline
 
 
 def _span(timeline: Timeline | None, name: str):

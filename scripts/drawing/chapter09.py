@@ -18,7 +18,7 @@ HOOKS = ("none", "fp16", "bf16", "powersgd")  # the chapter script's HOOKS, in d
 LABELS = {"none": "no compression", "fp16": "fp16", "bf16": "bf16", "powersgd": "PowerSGD r=2"}
 
 
-# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+# What the drawing reads from results.json, checked before drawing (ddplab.run.replot).
 SCHEMA = {
     "sweep": "dict", "sweep.*": "dict", "sweep.*.*": "dict", "sweep.*.*.loss": "list",
     "training": "dict", "training.powersgd_start_iter": "number",
@@ -40,7 +40,7 @@ def draw(results: dict, folder: Path) -> list[str]:
 
 
 def draw_training(sweep: dict, start_iter: int, path: Path) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
     worlds = sorted(sweep)
     fig, axes = plotting.figure(1, len(worlds) + 1, height=3.0)
     for ax, world in zip(axes[:-1], worlds, strict=True):
@@ -62,7 +62,7 @@ def draw_training(sweep: dict, start_iter: int, path: Path) -> None:
 
 
 def draw_prediction(pred: dict, path: Path) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
     fig, ax = plotting.figure(1, 1, height=3.0)
     rows = pred["per_hook"]
     xs = range(len(rows))
@@ -80,7 +80,7 @@ WHERE = {"h100": "H100 compute (datasheet)", "cpu": "this CPU's compute (measure
 
 
 def draw_links(pays: dict, path: Path) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
     fig, axes = plotting.figure(1, 2, height=3.2)
     for ax, model in zip(axes, ("this", "1B"), strict=True):
         table = pays["speedup"][model]

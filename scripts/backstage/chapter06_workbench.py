@@ -22,9 +22,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import stragglers, timeline
-from .bucketed_ddp import BucketedDDP
-from .ranks import RankContext
+from ddplab import stragglers
+from ddplab.bucketed_ddp import BucketedDDP
+from ddplab.run import timeline
+from ddplab.run.ranks import RankContext
 
 BUCKET_MB = 0.25          # small buckets: several all-reduces per step, visible on a timeline
 

@@ -1,7 +1,7 @@
 """make gpu-check: every chapter's --quick run on the GPUs of this box, in each mode it supports.
 
-    python scripts/gpu_check.py                # every chapter, every mode, into figures/gpu/
-    python scripts/gpu_check.py --chapters 05 06 --out /tmp/gpu
+    python tools/gpu_check.py                # every chapter, every mode, into figures/gpu/
+    python tools/gpu_check.py --chapters 05 06 --out /tmp/gpu
 
 A box with 2+ GPUs runs nccl with one GPU per rank; a 1-GPU box runs two ranks sharing the GPU over
 gloo and the nccl path with one rank.  Results go to figures/gpu/<mode>/chapterNN/, never over the
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 from chapters import CHAPTERS  # noqa: E402
-from ddplab.devices import gpu_count  # noqa: E402
+from ddplab.run.devices import gpu_count  # noqa: E402
 
 # The numbers that tell at a glance whether a run made sense: the chapter registry's headlines.
 HEADLINES = {c.nn: [h.key for h in c.headlines] for c in CHAPTERS}
@@ -36,7 +36,7 @@ class Mode:
 
 
 def modes_for(gpus: int) -> list[Mode]:
-    """The ways this box can run a chapter on its GPUs (see ddplab.devices)."""
+    """The ways this box can run a chapter on its GPUs (see ddplab.run.devices)."""
     if gpus >= 2:
         return [Mode("nccl", ("--device", "cuda", "--backend", "nccl"),
                      f"nccl, one GPU per rank ({gpus} ranks)")]

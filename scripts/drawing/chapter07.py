@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddplab.replot import read_figure_data
+from ddplab.run.replot import read_figure_data
 
-# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+# What the drawing reads from results.json, checked before drawing (ddplab.run.replot).
 SCHEMA = {
     "config": "dict", "config.crash_at": "number", "restart": "dict", "resume": "dict",
     "dcp": "dict", "save_phases_ms": "dict", "save_phases_ms.*": "number",
@@ -42,7 +42,7 @@ def draw(results: dict, folder: Path) -> list[str]:
 
 def draw_resume(curves: dict, crash_at: int, checkpoint_at: int, path: Path) -> None:
     """Top: loss curves, the resumed ones on top of the uninterrupted one.  Bottom: |difference|."""
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     ok = plotting.OKABE_ITO
     styles = {"uninterrupted": dict(color="#BBBBBB", lw=5, zorder=1),
@@ -82,7 +82,7 @@ def draw_resume(curves: dict, crash_at: int, checkpoint_at: int, path: Path) -> 
 
 def draw_restart(restart: dict, resumed_from: int, path: Path) -> None:
     """Where the time went when torchrun restarted the group: start-up, lost steps, loading."""
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     ok, log, t0 = plotting.OKABE_ITO, restart["log"], restart["started"]
     crash = next(e for e in log if e["event"] == "crash")
@@ -130,7 +130,7 @@ def draw_restart(restart: dict, resumed_from: int, path: Path) -> None:
 
 def draw_cost(metrics: dict, path: Path) -> None:
     """Left: how long a save or a load takes.  Right: how many bytes each rank writes."""
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     ok = plotting.OKABE_ITO
     fig, (left, right) = plotting.figure(1, 2, height=3.4, gridspec_kw={"width_ratios": [3, 2]})

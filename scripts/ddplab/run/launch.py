@@ -51,7 +51,7 @@ class Run:
     """What a launch gives back to the process that writes the chapter's files."""
 
     result: Any  # whatever rank 0's worker returned
-    provenance: dict  # torch version, backend, device, world size, ... (see ddplab.results)
+    provenance: dict  # torch version, backend, device, world size, ... (see ddplab.run.results)
 
 
 class RankFailed(Exception):

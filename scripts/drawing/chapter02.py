@@ -19,7 +19,7 @@ CALLS = {"send_recv": "batch_isend_irecv: isend(t, right), irecv(out, left)",
          "reduce_scatter": "dist.reduce_scatter(out, pieces)",
          "all_to_all": "dist.all_to_all_single(out, t)"}
 
-# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+# What the drawing reads from results.json, checked before drawing (ddplab.run.replot).
 SCHEMA = {
     "states": "dict", "states.*": "dict", "states.*.before": "list", "states.*.after": "list",
 }
@@ -45,7 +45,7 @@ def draw_collective(name: str, state: dict, path) -> None:
     """Before → after: rows are ranks; cells are elements, coloured by the rank they came from."""
     from matplotlib.patches import Rectangle
 
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     n = len(state["before"])
     originals = demo_rows(n)

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddplab import stragglers, timeline
+from ddplab import stragglers
+from ddplab.run import timeline
 
 LEGEND = {"comm": "all-reduce (comm)", "data": "late: injected delay",
           "idle": "idle: waiting for communication", "wait": "waiting (measured by the wrapper)",
           "eval": "rank 0 only: evaluate + save", "join": "joined: shadowing the others"}
 
 
-# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+# What the drawing reads from results.json, checked before drawing (ddplab.run.replot).
 SCHEMA = {
     "timelines": "dict", "timelines.*": "list", "straggler": "dict",
     "straggler.slow_rank": "number", "straggler.bubble_delay_ms": "number",
@@ -66,7 +67,7 @@ def with_idle(events: list[timeline.Event]) -> list[timeline.Event]:
 
 
 def draw_timeline(events, path: Path, title: str, lanes: tuple[str, ...]) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     ranks = len({e.rank for e in events})
     fig, ax = plotting.figure(height=1.0 + 0.4 * ranks * (1 + len(lanes)))
@@ -79,7 +80,7 @@ def draw_timeline(events, path: Path, title: str, lanes: tuple[str, ...]) -> Non
 
 
 def draw_straggler(summaries: dict, path: Path) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     fig, (left, right) = plotting.figure(1, 2, height=3.4)
     styles = {"native": ("native DDP", plotting.COLORS["native"], "o"),
@@ -111,7 +112,7 @@ def draw_straggler(summaries: dict, path: Path) -> None:
 
 def draw_sync_points(bn: dict, path: Path) -> None:
     """BatchNorm against SyncBatchNorm: step time, the part spent in SyncBN's collectives."""
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     fig, ax = plotting.figure(height=2.6)
     labels = {"bn": "BatchNorm", "syncbn": "SyncBatchNorm"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from .nodes_report import LOSS_SIGNS
+from .chapter10_report import LOSS_SIGNS
 
 RUN_NAMES = {"1x2_loopback": "1 × 2 loopback", "2x2_unshaped": "2 × 2 unshaped",
              "2x2_1gbit": "2 × 2 at 1 Gbit/s", "2x2_100mbit": "2 × 2 at 100 Mbit/s"}

@@ -239,10 +239,10 @@ def check_tmp() -> Check:
 
 
 def _load_netns():
-    """ddplab/netns.py on its own (standard library only): importing the ddplab package
+    """ddplab/run/netns.py on its own (standard library only): importing the ddplab package
     would import all of torch's distributed machinery for one listing."""
     spec = importlib.util.spec_from_file_location("doctor_netns",
-                                                  REPO / "scripts/ddplab/netns.py")
+                                                  REPO / "scripts/ddplab/run/netns.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)

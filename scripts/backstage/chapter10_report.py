@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import costmodel
-from .cli import positive
-from .launch import RankFailed
+from ddplab import costmodel
+from ddplab.run.cli import positive
+from ddplab.run.launch import RankFailed
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ddplab.replot import read_figure_data
+from ddplab.run.replot import read_figure_data
 
 KiB, MiB = 1 << 10, 1 << 20
 LABELS = {"ring": "ring_all_reduce (ours)", "native": "dist.all_reduce (gloo)",
@@ -23,7 +23,7 @@ LABELS = {"ring": "ring_all_reduce (ours)", "native": "dist.all_reduce (gloo)",
 COLOR_KEYS = {"ring": "ring", "native": "native", "naive": "naive_allreduce"}
 
 
-# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+# What the drawing reads from results.json, checked before drawing (ddplab.run.replot).
 SCHEMA = {
     "provenance.world_size": "number", "provenance.backend": "str",
     "sizes_bytes": "list", "time_ms": "dict", "time_ms.*": "dict", "time_ms.*.*": "number",
@@ -67,7 +67,7 @@ def size_ticks(ax, sizes: list[int]) -> None:
 
 
 def draw_time(analysis: dict, world: int, path) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     sizes = analysis["sizes_bytes"]
     fig, ax = plotting.figure(height=3.6)
@@ -92,7 +92,7 @@ def draw_time(analysis: dict, world: int, path) -> None:
 
 
 def draw_busbw(analysis: dict, world: int, path) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     sizes = analysis["sizes_bytes"]
     fig, ax = plotting.figure(height=3.2)
@@ -112,7 +112,7 @@ def draw_busbw(analysis: dict, world: int, path) -> None:
 
 
 def draw_segments(segments: dict, path) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     rows = segments["rows"]
     fig, ax = plotting.figure(height=2.8)
@@ -136,7 +136,7 @@ def draw_segments(segments: dict, path) -> None:
 
 
 def draw_scaling(scaling: dict, path, hardware: str) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     worlds = scaling["world_sizes"]
     fig, ax = plotting.figure(height=3.0)
@@ -157,7 +157,7 @@ def draw_trace(trace: list[list[dict]], path) -> None:
     """One panel per step: rows are ranks, columns chunks; a cell shows whose data it sums."""
     from matplotlib.patches import Rectangle
 
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     world = len(trace)
     cols = max(world, 3)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddplab.replot import read_figure_data
+from ddplab.run.replot import read_figure_data
 
 REPLICA_LABELS = {"same_seed": "same seed", "seed_plus_rank": "seed + rank",
                   "seed_plus_rank_then_broadcast": "seed + rank, then broadcast"}
 
 
-# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+# What the drawing reads from results.json, checked before drawing (ddplab.run.replot).
 SCHEMA = {
     "ranks": "list", "replicas": "dict", "replicas.*": "dict",
 }
@@ -36,7 +36,7 @@ def draw_ranks(ranks: list[dict], path) -> None:
     """One box per process, grouped by machine: what each rank knows about itself."""
     from matplotlib.patches import FancyBboxPatch
 
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     n = len(ranks)
     cols = min(n, 4)
@@ -71,7 +71,7 @@ def draw_ranks(ranks: list[dict], path) -> None:
 
 def draw_replicas(replica_runs: dict, path, max_ranks: int = 4) -> None:
     """Rows: how the replicas were built.  Columns: ranks.  Cells: first-layer weights."""
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     names = list(replica_runs)
     world = min(len(replica_runs[names[0]]["weights"]), max_ranks)

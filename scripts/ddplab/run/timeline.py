@@ -148,7 +148,7 @@ def write_chrome_trace(path: Path, events: list[Event]) -> Path:
 def draw_gantt(ax, events: list[Event], *, lanes: list[str] | None = None,
                title: str | None = None, stack_lanes: bool = False) -> None:
     """One row per (rank, lane); ``lanes`` are categories drawn on separate rows (the rest
-    share the rank's main row).  Colours come from ``ddplab.plotting.COLORS``.
+    share the rank's main row).  Colours come from ``ddplab.run.plotting.COLORS``.
     ``stack_lanes``: inside a lane, each event name (``bucket 0``, ``bucket 1``…) gets a thin
     row of its own, so that spans in flight at the same time stay visible side by side."""
     from .plotting import COLORS, OKABE_ITO

@@ -21,9 +21,10 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
-from .fsdp import FullyShardedDP
-from .sharded_optimizer import ShardedOptimizer
-from .sharding_probe import profiler_peak_bytes
+from ddplab.fsdp import FullyShardedDP
+from ddplab.sharded_optimizer import ShardedOptimizer
+
+from .chapter11_probe import profiler_peak_bytes
 
 PAIRS = {"fsdp": ("fsdp_ours", "fully_shard"), "zero1": ("zero1_ours", "zero1_native")}
 ROUNDS, WARM_UP = 20, 3

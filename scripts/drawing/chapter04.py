@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddplab.timeline import Event
+from ddplab.run.timeline import Event
 
-# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+# What the drawing reads from results.json, checked before drawing (ddplab.run.replot).
 SCHEMA = {
     "hook_order": "list", "gradient_ready": "dict", "gradient_ready.parameters": "list",
     "overlap": "dict", "overlap.timelines": "dict", "overlap.step_time_ms": "dict",
@@ -40,7 +40,7 @@ HOOK_COLORS = {"forward pre-hook": "forward", "forward hook": "forward",
 
 
 def draw_hooks(events: list[dict], path) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     fig, ax = plotting.figure(height=0.26 * len(events) + 0.5)
     for i, event in enumerate(events):
@@ -59,7 +59,7 @@ def draw_hooks(events: list[dict], path) -> None:
 
 
 def draw_ready_order(ready: dict, path) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     params = ready["parameters"]
     fig, ax = plotting.figure(height=0.16 * len(params) + 1.2)
@@ -85,7 +85,7 @@ def draw_ready_order(ready: dict, path) -> None:
 def draw_step(ax, events: list[Event]) -> None:
     """One row of computation per rank, then one row per bucket (each all-reduce on its own row,
     from this rank's launch to its completion); the wait at the end of backward is labelled."""
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     rows = []
     for rank in sorted({e.rank for e in events}):
@@ -109,7 +109,7 @@ def draw_step(ax, events: list[Event]) -> None:
 def draw_overlap(overlap: dict, path) -> None:
     from matplotlib.patches import Patch
 
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     keys = [k for k in ("overlap", "no_overlap") if overlap["timelines"].get(k)]
     rows = sum(len({(e["rank"], e["name"]) for e in overlap["timelines"][k]}) for k in keys)
@@ -135,7 +135,7 @@ def draw_overlap(overlap: dict, path) -> None:
 
 
 def draw_sweep(sweep: dict, path, backend: str) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     fig, ax = plotting.figure(height=3.3)
     caps = [p["bucket_cap_mb"] for p in sweep["points"]]

@@ -3,7 +3,7 @@
 A chapter's figures are a pure function of what its run wrote into ``DIR/chapterNN/``:
 ``results.json``, and, for a figure that needs more than the numbers the page prints, a JSON
 file of its own beside it (``ring_steps.json`` beside ``ring_steps.png``), so results.json stays
-readable.  The drawing lives in ``scripts/figures/chapterNN.py``, with one entry,
+readable.  The drawing lives in ``scripts/drawing/chapterNN.py``, with one entry,
 ``draw(results, folder) -> [file names]``.  A run writes its files, then draws from them as
 read back; ``--replot`` draws from the files already there.  Both draw the same figures from the
 same bytes, so restyling a figure takes a second instead of a run.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+# What the drawing reads from results.json, checked before drawing (ddplab.run.replot).
 SCHEMA = {
     "validation": "dict", "validation.runs": "dict", "validation.runs.*": "dict",
     "validation.runs.*.compute_ms": "number", "validation.runs.*.exposed_ms": "number",

@@ -5,8 +5,8 @@ says so where it could be mistaken for a measurement.  The committed PNGs live i
 figures/diagrams/; tests/test_diagrams.py redraws them.
 
 Run it:
-    python scripts/diagrams.py                          # writes figures/diagrams/*.png
-    python scripts/diagrams.py --out /tmp/diagrams
+    python scripts/drawing/diagrams.py                  # writes figures/diagrams/*.png
+    python scripts/drawing/diagrams.py --out /tmp/diagrams
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from matplotlib.patches import FancyBboxPatch, Rectangle
 
-from ddplab import plotting
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, run as a script
+from ddplab.run import plotting
 
 GREY, DARK = plotting.OKABE_ITO["grey"], "#333333"
 

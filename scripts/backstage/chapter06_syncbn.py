@@ -16,9 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import stragglers, syncbn, timeline
-from .bubble_bench import cnn, native_ddp, rank_batch, record_timeline, sgd
-from .timing import compare, median, slowest_rank
+from ddplab import stragglers, syncbn
+from ddplab.run import timeline
+from ddplab.run.timing import compare, median, slowest_rank
+
+from .chapter06_workbench import cnn, native_ddp, rank_batch, record_timeline, sgd
 
 
 def sync_batchnorm(model: nn.Module, device: torch.device, tl: timeline.Timeline | None):

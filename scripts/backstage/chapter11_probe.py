@@ -17,9 +17,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from .fsdp import FullyShardedDP
-from .fsdp_layout import padded_rows, shard_rows
-from .memory_ledger import (
+from ddplab.fsdp import FullyShardedDP
+from ddplab.fsdp_layout import padded_rows, shard_rows
+from ddplab.memory_ledger import (
     FP32,
     Ledger,
     ddp_ledger,
@@ -30,7 +30,7 @@ from .memory_ledger import (
     zero2_ledger,
     zero3_ledger,
 )
-from .ranks import collective_device
+from ddplab.run.ranks import collective_device
 
 WRAPPED = {"all_gather": "all_gather_single", "reduce_scatter": "reduce_scatter_single"}
 
@@ -223,7 +223,7 @@ def save_then_continue(args, run, save, resume) -> dict:
     import tempfile
     from pathlib import Path
 
-    from .launch import launch
+    from ddplab.run.launch import launch
 
     if run.provenance["launcher"] == "torchrun":
         return {"skipped": "under torchrun the processes are the ranks: a script cannot start "

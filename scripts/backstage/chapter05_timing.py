@@ -1,7 +1,7 @@
 """Timing several data-parallel variants of one model fairly, side by side.
 
 Chapter 05 times a training step of each variant (no communication, NaiveDDP, BucketedDDP,
-native DDP) the way ``ddplab.timing`` explains: warm-up first, then rounds in which every
+native DDP) the way ``ddplab.run.timing`` explains: warm-up first, then rounds in which every
 variant takes one step, in a shuffled order, each step as slow as its slowest rank.  Around that:
 
 * ``rank_batches``: a few batches of this rank's shard, already on the device;
@@ -22,9 +22,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from . import timing
-from .naive_ddp import NaiveDDP
-from .ranks import progress
+from ddplab.naive_ddp import NaiveDDP
+from ddplab.run import timing
+from ddplab.run.ranks import progress
 
 
 def rank_batches(train_set, ctx, batch: int, count: int) -> list[tuple[torch.Tensor, ...]]:

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from .devices import default_world_size
-from .launch import RankFailed
-from .ranks import RankContext
-from .stopping import end_process_tree
+from ddplab.run.devices import default_world_size
+from ddplab.run.launch import RankFailed
+from ddplab.run.ranks import RankContext
+from ddplab.run.stopping import end_process_tree
 
 
 def restart_count() -> int:

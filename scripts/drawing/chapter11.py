@@ -24,7 +24,7 @@ KINDS = ("params", "grads", "optimizer_state", "counters")
 KIND_LABELS = {"params": "parameters", "grads": "gradients", "optimizer_state": "optimizer state",
                "counters": "Adam's step counters"}
 
-# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+# What the drawing reads from results.json, checked before drawing (ddplab.run.replot).
 SCHEMA = {
     "ledger": "dict", "ledger.paper": "dict", "ledger.paper.mixed_adam": "list",
     "ledger.per_rank": "list", "ledger.numel": "number",
@@ -49,14 +49,14 @@ def draw(results: dict, folder: Path) -> list[str]:
 
 
 def _kind_colors():
-    from ddplab import plotting
+    from ddplab.run import plotting
     o = plotting.OKABE_ITO
     return {"params": o["blue"], "grads": o["orange"], "optimizer_state": o["green"],
             "counters": o["grey"]}
 
 
 def draw_ledger_formula(paper: list, path) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     fig, ax = plotting.figure(height=3.0)
     colors, names = _kind_colors(), ["DDP", "ZeRO-1\n(optimizer state)",
@@ -78,7 +78,7 @@ def draw_ledger_formula(paper: list, path) -> None:
 
 
 def draw_ledger(ledger: dict, path) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     per_rank = ledger["per_rank"]
     world = len(per_rank)
@@ -111,7 +111,7 @@ def draw_gathers(layers: list, path) -> None:
     """A schematic (not measured): equal boxes, the order of the work on one rank."""
     from matplotlib.patches import Rectangle
 
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     o = plotting.OKABE_ITO
     fig, ax = plotting.figure(height=2.6)
@@ -154,7 +154,7 @@ def draw_gathers(layers: list, path) -> None:
 
 
 def draw_timeline(timeline: dict, path) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     o = plotting.OKABE_ITO
     rows = {"all-gather": 2, "forward": 1, "reduce-scatter": 0}
@@ -177,7 +177,7 @@ def draw_timeline(timeline: dict, path) -> None:
 
 
 def draw_halves(halves: dict, path) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     o = plotting.OKABE_ITO
     fig, ax = plotting.figure(height=3.0)

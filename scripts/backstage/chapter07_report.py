@@ -22,17 +22,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from backstage.chapter07_restart import loss_series
 from ddplab import checkpoint as ck
 from ddplab import checkpoint_dcp as dcpck
 from ddplab import checkpoint_pitfalls as pitfalls
-from ddplab import timing
 from ddplab.checkpoint_pitfalls import max_abs_diff
-from ddplab.cli import UsageError
-from ddplab.launch import started_by_torchrun
-from ddplab.replot import draw_figures, write_figure_data
-from ddplab.results import chapter_output, write_results
-from ddplab.timing import slowest_rank
-from ddplab.torchrun_restart import loss_series
+from ddplab.run import timing
+from ddplab.run.cli import UsageError
+from ddplab.run.launch import started_by_torchrun
+from ddplab.run.replot import draw_figures, write_figure_data
+from ddplab.run.results import chapter_output, write_results
+from ddplab.run.timing import slowest_rank
 
 SKIPPED_UNDER_TORCHRUN = "needs several launches; run with python (mp.spawn) for this part"
 LOCK_NAME = ".ddplab-run.lock"  # in --ckpt-dir: who is writing checkpoints there

@@ -2,7 +2,7 @@
 
 * ``add_flags``, ``checked_args``: the chapter's own flags (--delays, --slow-rank), checked;
 * ``summarize_sweep``: a straggler sweep's step times and idle times, and the fitted slopes;
-* ``chapter_metrics``: results.json (what the page and scripts/figures/chapter06.py read);
+* ``chapter_metrics``: results.json (what the page and scripts/drawing/chapter06.py read);
 * ``summarize``: the results on one screen.
 The measurements themselves stay in scripts/chapter06_bubbles.py.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict
 
-from . import stragglers
-from .cli import UsageError
-from .launch import planned_world_size
+from ddplab import stragglers
+from ddplab.run.cli import UsageError
+from ddplab.run.launch import planned_world_size
 
 
 def add_flags(parser, delays: dict) -> None:

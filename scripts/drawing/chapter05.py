@@ -29,7 +29,7 @@ SHORT = {"local": "local\n(no comm.)", "naive": "Naive", "bucketed": "Bucketed",
          "native": "native", "native_view": "native\nas view"}
 
 
-# What the drawing reads from results.json, checked before drawing (ddplab.replot).
+# What the drawing reads from results.json, checked before drawing (ddplab.run.replot).
 SCHEMA = {
     "training": "dict", "training.loss": "dict", "training.loss.*": "list",
     "training.max_abs_diff_per_step": "dict", "step_time_ms": "dict",
@@ -52,7 +52,7 @@ def draw(results: dict, folder: Path) -> list[str]:
 
 
 def draw_equivalence(training: dict, path) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     fig, (ax_loss, ax_diff) = plotting.figure(1, 2, height=3.4, layout="constrained")
     styles = {"native": ("native", "-", 3.0), "naive": ("naive", (0, (4, 3)), 1.6),
@@ -93,7 +93,7 @@ def draw_equivalence(training: dict, path) -> None:
 
 
 def draw_speed(result: dict, path) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     fig, (ax_time, ax_mem) = plotting.figure(1, 2, height=3.3, layout="constrained",
                                              gridspec_kw={"width_ratios": [4, 3]})
@@ -140,7 +140,7 @@ def draw_speed(result: dict, path) -> None:
 
 
 def draw_scaling(scaling: dict, path) -> None:
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     fig, ax = plotting.figure(height=3.3)
     points = scaling["points"]
@@ -173,7 +173,7 @@ def draw_scaling(scaling: dict, path) -> None:
 def draw_sharding(sharding: dict, path) -> None:
     from matplotlib.patches import Rectangle
 
-    from ddplab import plotting
+    from ddplab.run import plotting
 
     fig, (ax, ax_epoch) = plotting.figure(1, 2, height=3.4, gridspec_kw={"width_ratios": [3, 2]})
     titles = {"manual": "manual slices", "padded": "DistributedSampler\n(drop_last=False)",

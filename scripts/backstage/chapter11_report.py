@@ -30,7 +30,7 @@ def cost_model(costmodel) -> dict:
 def sent_bytes(by_op: dict[str, int], world_size: int) -> dict[str, float]:
     """Bytes one rank sends for these whole messages: by a ring algorithm (what NCCL's rings
     send) and by gloo, whose reduce-scatter all-reduces the whole message and keeps a chunk."""
-    from .zero2 import ring_bytes_sent
+    from ddplab.zero2 import ring_bytes_sent
     return {"sent": sum(ring_bytes_sent(op, b, world_size) for op, b in by_op.items()),
             "sent_gloo": sum(ring_bytes_sent(op, b, world_size, gloo=True)
                              for op, b in by_op.items())}

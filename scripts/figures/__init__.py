@@ -1,1 +1,0 @@
-"""Each chapter's figures, drawn from its results.json alone (no rank is launched)."""
