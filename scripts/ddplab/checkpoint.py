@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +29,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
+
+from .run.timing import Laps
 
 PREFIX = "step_"
 
@@ -156,7 +157,7 @@ def _write_atomically(state: dict, directory: Path, step: int) -> SaveReport:
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / checkpoint_name(step)
     tmp = directory / f".{final.name}.tmp-{os.getpid()}"  # same directory: same file system
-    clock, digest = _Clock(), None
+    clock, digest = Laps(), None
     try:
         with open(tmp, "wb") as f:
             digest = _HashingWriter(f)
@@ -211,17 +212,6 @@ class _HashingWriter:
 
     def hexdigest(self) -> str:
         return self._sha.hexdigest()
-
-
-class _Clock:
-    def __init__(self):
-        self.laps: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.laps[name] = now - self._last
-        self._last = now
 
 
 def _write_text_atomically(path: Path, text: str) -> None:

@@ -14,7 +14,8 @@ from typing import Any
 
 from . import stopping
 from .cli import UsageError, show_warnings_as_one_line
-from .launch import RankFailed, exit_without_teardown, started_by_torchrun
+from .launch import RankFailed, started_by_torchrun
+from .stopping import exit_without_teardown
 
 
 def run_main(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> int:

@@ -14,7 +14,6 @@ waiting in a collective; a rank stuck in a collective gives up after ``--timeout
 
 from __future__ import annotations
 
-import atexit
 import errno
 import json
 import logging
@@ -24,7 +23,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -42,6 +40,7 @@ from .cli import RANK_VARIABLES, UsageError, check_launcher_environment
 from .devices import Placement, default_world_size, place, usable_cores
 from .ranks import RankContext, seed_everything
 from .results import provenance
+from .stopping import exit_without_teardown
 
 Worker = Callable[[RankContext, Any], Any]
 
@@ -210,32 +209,6 @@ def _end_with_parent() -> None:
     set_pdeathsig = getattr(mp, "_prctl_pr_set_pdeathsig", None)
     if set_pdeathsig is not None:
         set_pdeathsig(signal.SIGKILL)
-
-
-def exit_without_teardown(code: int) -> None:
-    """End a rank's process now that it has left the group and handed over its result.
-
-    What a normal exit does first still happens: threads the worker left running (a writer
-    thread, say) are waited for, and the ``atexit`` handlers run (they flush logs and release
-    what ``multiprocessing`` made, such as tqdm's lock).  What is skipped is the teardown.  A
-    rank's teardown can crash, rarely: ``terminate called without an active exception``,
-    SIGABRT, after the work was done (pytorch#190489).  A process group's C++ thread lets go
-    of a tensor during the teardown and needs the GIL, which a shutting-down Python refuses by
-    ending the thread, which C++ turns into ``std::terminate``.  The thread is still there
-    because the group outlived ``destroy_process_group``: ``torch.distributed.nn``'s functions
-    take ``group=group.WORLD`` as a default, evaluated when DDP imports the module (through
-    ``torch._dynamo``).  Importing it first would let the group die, but here not safely: a
-    comm hook's future callback can hold the group, and if the group's own thread drops that
-    last reference, the thread joins itself (our reading of the abort this caused when tried:
-    ``std::system_error``, "Resource deadlock avoided").  Skipping the teardown avoids both.
-    """
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _root_cause(scratch: Path, rank: int, *, died: str | None = None,

@@ -11,16 +11,21 @@ run started, at once, and the files they leave: this module is how.
 * ``run_to_end(argv)`` runs a child script; stopped, it gets SIGTERM and a grace to clean up.
 * ``end_process_tree(popen)`` ends a subprocess and everything under it (torchrun starts each
   rank in a session of its own, so its process group alone does not reach them).
+* ``exit_without_teardown(code)`` ends a rank's process once its work is handed over, without
+  the interpreter's teardown, which can abort after the work is done.
 * ``flush_resource_tracker()`` makes multiprocessing's resource tracker say what it has to say
   (warnings about semaphores a killed rank never released) *before* our last line, not after.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterable
 
@@ -137,3 +142,29 @@ def flush_resource_tracker() -> None:
     if getattr(tracker, "_fd", None) is not None:
         with contextlib.suppress(Exception):  # _stop: private, but there since Python 3.8
             tracker._stop()
+
+
+def exit_without_teardown(code: int) -> None:
+    """End a rank's process now that it has left the group and handed over its result.
+
+    What a normal exit does first still happens: threads the worker left running (a writer
+    thread, say) are waited for, and the ``atexit`` handlers run (they flush logs and release
+    what ``multiprocessing`` made, such as tqdm's lock).  What is skipped is the teardown.  A
+    rank's teardown can crash, rarely: ``terminate called without an active exception``,
+    SIGABRT, after the work was done (pytorch#190489).  A process group's C++ thread lets go
+    of a tensor during the teardown and needs the GIL, which a shutting-down Python refuses by
+    ending the thread, which C++ turns into ``std::terminate``.  The thread is still there
+    because the group outlived ``destroy_process_group``: ``torch.distributed.nn``'s functions
+    take ``group=group.WORLD`` as a default, evaluated when DDP imports the module (through
+    ``torch._dynamo``).  Importing it first would let the group die, but here not safely: a
+    comm hook's future callback can hold the group, and if the group's own thread drops that
+    last reference, the thread joins itself (our reading of the abort this caused when tried:
+    ``std::system_error``, "Resource deadlock avoided").  Skipping the teardown avoids both.
+    """
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

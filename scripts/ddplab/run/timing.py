@@ -105,3 +105,16 @@ def _line_up(device: torch.device | None, barrier: bool) -> None:
     if barrier and dist.is_initialized():
         dist.barrier()
         synchronize(device)
+
+
+class Laps:
+    """Seconds per named phase, each measured from the end of the one before."""
+
+    def __init__(self):
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = now - self._last
+        self._last = now
