@@ -185,7 +185,6 @@ def spearman(a: list[int], b: list[int]) -> float:
 
 # --- 3. communication against computation: a timeline ----------------------------------------
 
-# --8<-- [start:timed_step]
 def timed_step(ddp: BucketedDDP, optimizer, x, y, timeline: Timeline) -> None:
     """One training step, with its phases on the timeline.  BucketedDDP itself adds a ``comm``
     span per bucket and a ``wait`` span for the end of backward."""
@@ -199,7 +198,6 @@ def timed_step(ddp: BucketedDDP, optimizer, x, y, timeline: Timeline) -> None:
     with timeline.span("optimizer", "optimizer"):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-# --8<-- [end:timed_step]
 
 
 def sgd(model: nn.Module) -> torch.optim.Optimizer:

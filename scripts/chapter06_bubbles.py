@@ -304,7 +304,6 @@ def replicas_equal(model: nn.Module) -> float:
     return slowest_rank((flat - rank0).abs().max().item())
 
 
-# --8<-- [start:sampler]
 def sampler_counts(world_size: int) -> dict:
     """DistributedSampler makes the shards even: by repeating samples, or by dropping them."""
     counts = {}
@@ -320,7 +319,6 @@ def sampler_counts(world_size: int) -> dict:
             "dropped_samples": DATASET_SIZE - len(set(seen)),
         }
     return counts
-# --8<-- [end:sampler]
 
 
 def uneven_inputs(ctx) -> dict:

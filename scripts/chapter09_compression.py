@@ -135,7 +135,6 @@ def slowest(value: float) -> float:
 
 # --- 1. the same hook on both DDPs ---------------------------------------------------------
 
-# --8<-- [start:both]
 def same_hook_on_both(ctx, model, data, state_and_hook, steps: int, cap_mb: float) -> float:
     """Train BucketedDDP and native DDP with the same hook; the largest parameter difference."""
     ours = wrap(copy.deepcopy(model), ctx, cap_mb=cap_mb)
@@ -148,7 +147,6 @@ def same_hook_on_both(ctx, model, data, state_and_hook, steps: int, cap_mb: floa
         for ddp, opt, scaler in zip((ours, theirs), opts, scalers, strict=True):
             train_step(ddp, opt, x, y, scaler)
     return slowest(max_abs_diff(ours.module, theirs.module))
-# --8<-- [end:both]
 
 
 def torch_bf16_renamed(process_group, bucket):

@@ -42,7 +42,6 @@ def native_syncbn_on_cpu() -> str | None:
     return None
 
 
-# --8<-- [start:full_batch_check]
 def diff_to_full_batch(ctx, model: DDP, x, y) -> float:
     """Largest gradient difference between DDP on shards and one process on the whole batch.
 
@@ -61,7 +60,6 @@ def diff_to_full_batch(ctx, model: DDP, x, y) -> float:
                for a, b in zip(model.parameters(), reference.parameters(), strict=True))
     model.zero_grad()
     return slowest_rank(diff)                        # the worst rank's difference
-# --8<-- [end:full_batch_check]
 
 
 def bn_models(ctx, tl: timeline.Timeline | None) -> dict[str, DDP]:

@@ -186,7 +186,6 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
         self._rebuilt = True
     # --8<-- [end:forward]
 
-    # --8<-- [start:hook]
     # --8<-- [start:on_grad_ready]
     def _on_grad_ready(self, param: nn.Parameter) -> None:
         """Autograd calls this once ``param.grad`` holds this pass's gradient."""
@@ -225,7 +224,6 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
                 bucket.work = dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM, async_op=True)
             self._next_bucket += 1
     # --8<-- [end:launch]
-    # --8<-- [end:hook]
 
     # --8<-- [start:finish]
     def _finish_backward(self) -> None:

@@ -93,12 +93,10 @@ def first_iteration_layout(named_params: NamedParams) -> list[NamedParams]:
     return construction_layout(named_params)
 
 
-# --8<-- [start:rebuilt]
 def rebuilt_layout(ready_order: NamedParams,
                    bucket_cap_mb: float | None = None) -> list[NamedParams]:
     """Native DDP's buckets after the rebuild: the rule on the order gradients became ready."""
     return pack(ready_order, list(bucket_caps(bucket_cap_mb)))
-# --8<-- [end:rebuilt]
 
 
 def assign_buckets(named_params: NamedParams, cap_bytes: int) -> list[NamedParams]:

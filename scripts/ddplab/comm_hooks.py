@@ -135,7 +135,6 @@ class ByteCount:
         return self.payload_bytes * 2 * (world - 1) / world if world > 1 else 0.0
 
 
-# --8<-- [start:count]
 @contextmanager
 def count_bytes() -> Iterator[ByteCount]:
     """Count every ``torch.distributed.all_reduce`` call made inside (torch's hooks and ours
@@ -151,4 +150,3 @@ def count_bytes() -> Iterator[ByteCount]:
         yield count
     finally:
         dist.all_reduce = original
-# --8<-- [end:count]

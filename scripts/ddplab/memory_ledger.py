@@ -101,7 +101,6 @@ def zero1_ledger(params: list[torch.Tensor], world_size: int, rank: int,
     return Ledger(full.params, full.grads, state.optimizer_state, state.counters)
 
 
-# --8<-- [start:zero2]
 def zero2_ledger(bucket_numels: list[int], world_size: int, optimizer: str = "adam") -> Ledger:
     """Buckets padded to a multiple of N: the full padded buffers as parameters, one shard of
     each as gradient and as the optimizer's parameter (one step counter per shard)."""
@@ -109,7 +108,6 @@ def zero2_ledger(bucket_numels: list[int], world_size: int, optimizer: str = "ad
     shard = sum(p // world_size for p in padded)
     state = state_bytes(shard, len(padded), optimizer)
     return Ledger(sum(padded) * FP32, shard * FP32, state.optimizer_state, state.counters)
-# --8<-- [end:zero2]
 
 
 def dim0_shard_rows(rows: int, world_size: int, rank: int) -> tuple[int, int]:

@@ -53,7 +53,6 @@ class PowerSGDState:
         self.rng = np.random.RandomState(self.seed)  # torch draws its seeds the same way
 
 
-# --8<-- [start:orthogonalize]
 def orthogonalize(matrix: torch.Tensor) -> None:
     """Gram-Schmidt, in place: the columns become orthonormal (torch's rank <= 2 path)."""
     for i in range(matrix.shape[1]):
@@ -62,7 +61,6 @@ def orthogonalize(matrix: torch.Tensor) -> None:
         if i + 1 < matrix.shape[1]:
             rest = matrix[:, i + 1:]
             rest -= torch.sum(col * rest, dim=0, keepdim=True) * col
-# --8<-- [end:orthogonalize]
 
 
 def split(gradients: list[torch.Tensor], state: PowerSGDState):

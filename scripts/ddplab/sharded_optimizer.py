@@ -85,7 +85,6 @@ class ShardedOptimizer(Optimizer):
     on the parameters it owns; ``zero_grad()`` clears every parameter's gradient.
     """
 
-    # --8<-- [start:init]
     def __init__(self, params, optimizer_class: type[Optimizer],
                  process_group: dist.ProcessGroup | None = None, **defaults: Any):
         self._initialized = False
@@ -100,7 +99,6 @@ class ShardedOptimizer(Optimizer):
         self.optim = optimizer_class(self.partition[self.rank], **defaults)
         copy_hyperparameters(self.optim.param_groups, self.param_groups)  # betas, eps, ...
         self._initialized = True
-    # --8<-- [end:init]
 
     def add_param_group(self, param_group: ParamGroup) -> None:
         if self._initialized:  # the split would change, and with it every rank's state

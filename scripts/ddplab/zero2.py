@@ -56,7 +56,6 @@ def padded_length(numel: int, world_size: int) -> int:
     return math.ceil(numel / world_size) * world_size
 
 
-# --8<-- [start:bucket]
 @dataclass(eq=False)
 class ShardedBucket:
     """Some parameters' values in one padded flat buffer; this rank updates ``shard`` of it."""
@@ -85,7 +84,6 @@ def make_sharded_bucket(named: list[tuple[str, nn.Parameter]], rank: int,
     shard_len = flat.numel() // world_size
     shard = nn.Parameter(flat[rank * shard_len:(rank + 1) * shard_len])
     return ShardedBucket(names, params, flat, shard)
-# --8<-- [end:bucket]
 
 
 class ShardedGradients(nn.Module):
@@ -132,7 +130,6 @@ class ShardedGradients(nn.Module):
         """This rank's shard of every bucket: what its optimizer updates."""
         return [b.shard for b in self.buckets]
 
-    # --8<-- [start:hook]
     def _on_grad_ready(self, param: nn.Parameter) -> None:
         if not self._queued:  # the first gradient of this backward pass
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
@@ -157,7 +154,6 @@ class ShardedGradients(nn.Module):
             bucket.work = dist.reduce_scatter_single(bucket.reduced, bucket.staging,
                                                      op=dist.ReduceOp.SUM, async_op=True)
             self._next += 1
-    # --8<-- [end:hook]
 
     def _finish_backward(self) -> None:
         self._queued = False
@@ -191,7 +187,6 @@ class ShardedGradients(nn.Module):
     # --8<-- [end:gather]
 
 
-# --8<-- [start:bytes]
 def collective_payloads(model: ShardedGradients) -> list[tuple[str, int]]:
     """The collectives of one step and the bytes of the full buffer each one covers."""
     calls = []
@@ -212,4 +207,3 @@ def ring_bytes_sent(op: str, payload: int, world_size: int, gloo: bool = False) 
 def bytes_sent_per_step(model: ShardedGradients, gloo: bool = False) -> float:
     return sum(ring_bytes_sent(op, payload, model.world_size, gloo)
                for op, payload in collective_payloads(model))
-# --8<-- [end:bytes]

@@ -152,7 +152,6 @@ def draw_scaling(scaling: dict, path, hardware: str) -> None:
     plotting.save(fig, path)
 
 
-# --8<-- [start:draw_trace]
 def draw_trace(trace: list[list[dict]], path) -> None:
     """One panel per step: rows are ranks, columns chunks; a cell shows whose data it sums."""
     from matplotlib.patches import Rectangle
@@ -196,4 +195,3 @@ def draw_trace(trace: list[list[dict]], path) -> None:
                     fontsize=8, va="center", transform=axes[1][0].transAxes)
     fig.suptitle(f"Ring all-reduce on {world} ranks, recorded step by step", fontsize=11)
     plotting.save(fig, path)
-# --8<-- [end:draw_trace]

@@ -36,23 +36,19 @@ def evaluate(model, x, y, group) -> float:
 # --8<-- [end:evaluate]
 
 
-# --8<-- [start:one_rank_collective_broken]
 def one_rank_collective_broken(ctx, group, scratch):
     model, (x, y) = mlp(), batch(ctx.rank)
     if ctx.rank == 0:  # "only rank 0 logs"
         print(f"validation loss {evaluate(model, x, y, group):.3f}")
     dist.barrier(group=group)  # rank 1 waits here, rank 0 in evaluate's all_reduce
-# --8<-- [end:one_rank_collective_broken]
 
 
-# --8<-- [start:one_rank_collective_fixed]
 def one_rank_collective_fixed(ctx, group, scratch):
     model, (x, y) = mlp(), batch(ctx.rank)
     loss = evaluate(model, x, y, group)  # every rank takes part
     if ctx.rank == 0:  # only the printing is rank 0's
         print(f"validation loss {loss:.3f}")
     dist.barrier(group=group)
-# --8<-- [end:one_rank_collective_fixed]
 
 
 def losses_left(ctx) -> torch.Tensor:
@@ -60,21 +56,17 @@ def losses_left(ctx) -> torch.Tensor:
     return torch.arange(3.0 + ctx.rank)
 
 
-# --8<-- [start:mismatched_shapes_broken]
 def mismatched_shapes_broken(ctx, group, scratch):
     losses = losses_left(ctx)  # rank 0: 3 values, rank 1: 4
     dist.all_reduce(losses, group=group)  # the sizes differ across ranks
     return {"rank 0 got": losses.tolist()} if ctx.rank == 0 else None
-# --8<-- [end:mismatched_shapes_broken]
 
 
-# --8<-- [start:mismatched_shapes_fixed]
 def mismatched_shapes_fixed(ctx, group, scratch):
     losses = losses_left(ctx)
     total = torch.stack([losses.sum(), torch.tensor(float(len(losses)))])  # same shape everywhere
     dist.all_reduce(total, group=group)
     return {"mean loss": (total[0] / total[1]).item()} if ctx.rank == 0 else None
-# --8<-- [end:mismatched_shapes_fixed]
 
 
 def my_batches(ctx) -> list:
@@ -82,17 +74,14 @@ def my_batches(ctx) -> list:
     return [batch(ctx.rank, salt=i) for i in range(max(1, 3 - ctx.rank))]
 
 
-# --8<-- [start:uneven_inputs_broken]
 def uneven_inputs_broken(ctx, group, scratch):
     model = DDP(mlp(), process_group=group)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for x, y in my_batches(ctx):  # rank 0: 3 batches, rank 1: 2
         step(model, opt, x, y)  # rank 0's third backward waits for rank 1's gradients
     dist.barrier(group=group)
-# --8<-- [end:uneven_inputs_broken]
 
 
-# --8<-- [start:uneven_inputs_fixed]
 def uneven_inputs_fixed(ctx, group, scratch):
     model = DDP(mlp(), process_group=group)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -100,7 +89,6 @@ def uneven_inputs_fixed(ctx, group, scratch):
         for x, y in my_batches(ctx):
             step(model, opt, x, y)
     dist.barrier(group=group)
-# --8<-- [end:uneven_inputs_fixed]
 
 
 def labels_with_a_fifth_class(ctx) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,22 +99,18 @@ def labels_with_a_fifth_class(ctx) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
-# --8<-- [start:rank_crash_broken]
 def rank_crash_broken(ctx, group, scratch):
     model = DDP(mlp(classes=4), process_group=group)  # 4: the classes rank 0 happened to see
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = labels_with_a_fifth_class(ctx)
     step(model, opt, x, y)  # rank 1 raises in its loss; rank 0 waits in backward
-# --8<-- [end:rank_crash_broken]
 
 
-# --8<-- [start:rank_crash_fixed]
 def rank_crash_fixed(ctx, group, scratch):
     model = DDP(mlp(classes=5), process_group=group)  # counted over the whole data set
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = labels_with_a_fifth_class(ctx)
     step(model, opt, x, y)
-# --8<-- [end:rank_crash_fixed]
 
 
 # --- in the launching process, before any process group exists ------------------------------
@@ -139,32 +123,24 @@ def port_held_by_another_job() -> socket.socket:
     return other_job
 
 
-# --8<-- [start:port_taken_broken]
 def port_taken_broken(port: int):
     # What init_process_group(init_method="env://") does on rank 0: host the rendezvous store
     # at MASTER_ADDR:MASTER_PORT.  Another job already listens there.
     return dist.TCPStore("127.0.0.1", port, world_size=1, is_master=True,
                          timeout=timedelta(seconds=5))
-# --8<-- [end:port_taken_broken]
 
 
-# --8<-- [start:port_taken_fixed]
 def port_taken_fixed(port: int):
     # Port 0: the OS picks a free one (torchrun --standalone does the same for you).
     return dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True,
                          timeout=timedelta(seconds=5))
-# --8<-- [end:port_taken_fixed]
 
 
-# --8<-- [start:dist_before_init_broken]
 def dist_before_init_broken():
     # A logging helper, called at import time, before init_process_group.
     return f"[rank {dist.get_rank()}] starting"
-# --8<-- [end:dist_before_init_broken]
 
 
-# --8<-- [start:dist_before_init_fixed]
 def dist_before_init_fixed():
     rank = dist.get_rank() if dist.is_initialized() else 0  # not a rank yet: say 0
     return f"[rank {rank}] starting"
-# --8<-- [end:dist_before_init_fixed]

@@ -50,18 +50,14 @@ class TwoHeads(nn.Module):
 # --8<-- [end:two_heads]
 
 
-# --8<-- [start:unused_parameter_broken]
 def unused_parameter_broken(ctx, group, scratch):
     model = DDP(TwoHeads())
     train(model, ctx, steps=2)  # the second forward raises
-# --8<-- [end:unused_parameter_broken]
 
 
-# --8<-- [start:unused_parameter_fixed]
 def unused_parameter_fixed(ctx, group, scratch):
     model = DDP(TwoHeads(), find_unused_parameters=True)  # marks head_b ready itself
     train(model, ctx, steps=2)
-# --8<-- [end:unused_parameter_fixed]
 
 
 # --8<-- [start:shared_block]
@@ -81,34 +77,26 @@ class SharedBlock(nn.Module):
 # --8<-- [end:shared_block]
 
 
-# --8<-- [start:checkpoint_twice_broken]
 def checkpoint_twice_broken(ctx, group, scratch):
     model = DDP(SharedBlock(use_reentrant=True), find_unused_parameters=True)
     train(model, ctx, steps=1)
-# --8<-- [end:checkpoint_twice_broken]
 
 
-# --8<-- [start:checkpoint_twice_fixed]
 def checkpoint_twice_fixed(ctx, group, scratch):
     model = DDP(SharedBlock(use_reentrant=False), find_unused_parameters=True)
     train(model, ctx, steps=1)
-# --8<-- [end:checkpoint_twice_fixed]
 
 
-# --8<-- [start:checkpoint_silent_broken]
 def checkpoint_silent_broken(ctx, group, scratch):
     torch.manual_seed(ctx.seed)
     model = DDP(SharedBlock(use_reentrant=True))  # DDP's defaults: no error at all
     return gradient_error(ctx, model)
-# --8<-- [end:checkpoint_silent_broken]
 
 
-# --8<-- [start:checkpoint_silent_fixed]
 def checkpoint_silent_fixed(ctx, group, scratch):
     torch.manual_seed(ctx.seed)
     model = DDP(SharedBlock(use_reentrant=False))  # DDP's defaults: no error at all
     return gradient_error(ctx, model)
-# --8<-- [end:checkpoint_silent_fixed]
 
 
 # --8<-- [start:gradient_error]
@@ -132,20 +120,16 @@ def my_words(ctx, everyone: bool) -> list[str]:
     return corpus if everyone else corpus[ctx.rank::ctx.world_size]
 
 
-# --8<-- [start:different_shapes_broken]
 def different_shapes_broken(ctx, group, scratch):
     vocab = sorted(set(my_words(ctx, everyone=False)))  # from this rank's shard only
     model = nn.Embedding(len(vocab), 8)
     DDP(model, process_group=group)  # compares every parameter's shape across ranks
-# --8<-- [end:different_shapes_broken]
 
 
-# --8<-- [start:different_shapes_fixed]
 def different_shapes_fixed(ctx, group, scratch):
     vocab = sorted(set(my_words(ctx, everyone=True)))  # from the whole corpus
     model = nn.Embedding(len(vocab), 8)
     DDP(model, process_group=group)  # compares every parameter's shape across ranks
-# --8<-- [end:different_shapes_fixed]
 
 
 # --8<-- [start:clamp_in_forward]
@@ -164,37 +148,29 @@ class ClampInForward(nn.Module):
 # --8<-- [end:clamp_in_forward]
 
 
-# --8<-- [start:inplace_parameter_broken]
 def inplace_parameter_broken(ctx, group, scratch):
     model = DDP(ClampInForward())
     train(model, ctx, steps=1)
-# --8<-- [end:inplace_parameter_broken]
 
 
-# --8<-- [start:inplace_parameter_fixed]
 def inplace_parameter_fixed(ctx, group, scratch):
     model = DDP(mlp())
     train(model, ctx, steps=1)
     with torch.no_grad():  # after the optimizer step: backward is done with the weight
         model.module[2].weight.clamp_(-0.1, 0.1)
-# --8<-- [end:inplace_parameter_fixed]
 
 
-# --8<-- [start:module_prefix_broken]
 def module_prefix_broken(ctx, group, scratch):
     model = DDP(mlp())
     if ctx.rank == 0:
         torch.save(model.state_dict(), scratch / "model.pt")  # keys: module.0.weight, ...
     dist.barrier()
     mlp().load_state_dict(torch.load(scratch / "model.pt"))  # later, for evaluation
-# --8<-- [end:module_prefix_broken]
 
 
-# --8<-- [start:module_prefix_fixed]
 def module_prefix_fixed(ctx, group, scratch):
     model = DDP(mlp())
     if ctx.rank == 0:
         torch.save(model.module.state_dict(), scratch / "model.pt")  # keys: 0.weight, ...
     dist.barrier()
     mlp().load_state_dict(torch.load(scratch / "model.pt"))  # later, for evaluation
-# --8<-- [end:module_prefix_fixed]

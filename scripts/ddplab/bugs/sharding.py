@@ -38,7 +38,6 @@ def sharded(model: nn.Module, group) -> nn.Module:
     return fully_shard(model, mesh=mesh)
 
 
-# --8<-- [start:skipped_gather_broken]
 def skipped_gather_broken(ctx, group, scratch):
     model = sharded(mlp(), group)
     x, y = batch(ctx.rank, salt=7)  # a validation batch
@@ -46,10 +45,8 @@ def skipped_gather_broken(ctx, group, scratch):
         with torch.no_grad():
             print(f"validation loss {F.cross_entropy(model(x), y).item():.3f}")
     dist.barrier(group=group)  # rank 1 waits here, rank 0 in the first layer's all-gather
-# --8<-- [end:skipped_gather_broken]
 
 
-# --8<-- [start:skipped_gather_fixed]
 def skipped_gather_fixed(ctx, group, scratch):
     model = sharded(mlp(), group)
     x, y = batch(ctx.rank, salt=7)  # a validation batch
@@ -58,7 +55,6 @@ def skipped_gather_fixed(ctx, group, scratch):
     if ctx.rank == 0:  # only the printing is rank 0's
         print(f"validation loss {loss:.3f}")
     dist.barrier(group=group)
-# --8<-- [end:skipped_gather_fixed]
 
 
 MAX_NORM = 0.1  # small enough that every step clips
@@ -95,22 +91,17 @@ def clipped_training(ctx, group, clip) -> dict:
                     f"norm is {true[0]:.4g})"}
 
 
-# --8<-- [start:local_norm_clip_broken]
 def local_norm_clip_broken(ctx, group, scratch):
     # parameters() are this rank's shards: the norm of a shard, different on every rank
     return clipped_training(ctx, group, torch.nn.utils.clip_grad_norm_)
-# --8<-- [end:local_norm_clip_broken]
 
 
-# --8<-- [start:local_norm_clip_fixed]
 def local_norm_clip_fixed(ctx, group, scratch):
     # the squared norms of the shards, summed over the ranks: the whole model's norm
     return clipped_training(ctx, group, lambda shards, max_norm: clip_grad_norm_(
         shards, max_norm, group=group))
-# --8<-- [end:local_norm_clip_fixed]
 
 
-# --8<-- [start:save_one_rank_broken]
 def save_one_rank_broken(ctx, group, scratch):
     model = sharded(mlp(), group)
     train(model, ctx)
@@ -120,10 +111,8 @@ def save_one_rank_broken(ctx, group, scratch):
     dist.barrier(group=group)
     fresh = mlp()  # later: load it for inference, in one process
     fresh.load_state_dict(torch.load(scratch / "model.pt"))
-# --8<-- [end:save_one_rank_broken]
 
 
-# --8<-- [start:save_one_rank_fixed]
 def save_one_rank_fixed(ctx, group, scratch):
     model = sharded(mlp(), group)
     train(model, ctx)
@@ -134,4 +123,3 @@ def save_one_rank_fixed(ctx, group, scratch):
     dist.barrier(group=group)
     fresh = mlp()  # later: load it for inference, in one process
     fresh.load_state_dict(torch.load(scratch / "model.pt"))
-# --8<-- [end:save_one_rank_fixed]

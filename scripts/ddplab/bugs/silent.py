@@ -27,17 +27,14 @@ def repeated_orders(orders: list[list[int]]) -> dict:
             "text": f"{repeats} of {len(orders) - 1} later epochs repeat epoch 0's order"}
 
 
-# --8<-- [start:sampler_set_epoch_broken]
 def sampler_set_epoch_broken(ctx, group, scratch):
     sampler = DistributedSampler(range(64), shuffle=True, seed=ctx.seed)
     orders = []
     for epoch in range(EPOCHS):  # noqa: B007 (ruff sees it: epoch is never used)
         orders.append(list(sampler))  # the order this rank trains on in this epoch
     return repeated_orders(orders)
-# --8<-- [end:sampler_set_epoch_broken]
 
 
-# --8<-- [start:sampler_set_epoch_fixed]
 def sampler_set_epoch_fixed(ctx, group, scratch):
     sampler = DistributedSampler(range(64), shuffle=True, seed=ctx.seed)
     orders = []
@@ -45,7 +42,6 @@ def sampler_set_epoch_fixed(ctx, group, scratch):
         sampler.set_epoch(epoch)  # the shuffle is seeded with seed + epoch
         orders.append(list(sampler))  # the order this rank trains on in this epoch
     return repeated_orders(orders)
-# --8<-- [end:sampler_set_epoch_fixed]
 
 
 def same_across_ranks(values: torch.Tensor) -> dict:
@@ -56,23 +52,19 @@ def same_across_ranks(values: torch.Tensor) -> dict:
             "text": f"{same:.0%} of the random crop scales are the same on every rank"}
 
 
-# --8<-- [start:same_augmentation_broken]
 def same_augmentation_broken(ctx, group, scratch):
     torch.manual_seed(ctx.seed)  # the same seed everywhere: identical replicas (good)...
     mlp()  # this rank's replica
     scales = torch.empty(64).uniform_(0.5, 1.0)  # ...and identical "random" crops (bad)
     return same_across_ranks(scales)
-# --8<-- [end:same_augmentation_broken]
 
 
-# --8<-- [start:same_augmentation_fixed]
 def same_augmentation_fixed(ctx, group, scratch):
     torch.manual_seed(ctx.seed)  # the same seed everywhere: identical replicas
     mlp()  # this rank's replica
     data_rng = torch.Generator().manual_seed(ctx.seed + ctx.rank)  # data: one stream per rank
     scales = torch.empty(64).uniform_(0.5, 1.0, generator=data_rng)
     return same_across_ranks(scales)
-# --8<-- [end:same_augmentation_fixed]
 
 
 def ranks_on_disk(scratch, names: list[str]) -> dict:
@@ -88,20 +80,16 @@ def ranks_on_disk(scratch, names: list[str]) -> dict:
             "text": f"the state of {len(found)} of {world} ranks can be read back"}
 
 
-# --8<-- [start:every_rank_saves_broken]
 def every_rank_saves_broken(ctx, group, scratch):
     state = {"rank": ctx.rank, "rng": torch.get_rng_state(), "batches_seen": 100 + ctx.rank}
     torch.save(state, scratch / "resume.pt")  # every rank, one path: the last writer wins
     return ranks_on_disk(scratch, ["resume.pt"])
-# --8<-- [end:every_rank_saves_broken]
 
 
-# --8<-- [start:every_rank_saves_fixed]
 def every_rank_saves_fixed(ctx, group, scratch):
     state = {"rank": ctx.rank, "rng": torch.get_rng_state(), "batches_seen": 100 + ctx.rank}
     torch.save(state, scratch / f"resume_rank{ctx.rank}.pt")  # rank-specific state: own file
     return ranks_on_disk(scratch, [f"resume_rank{r}.pt" for r in range(ctx.world_size)])
-# --8<-- [end:every_rank_saves_fixed]
 
 
 MICRO_BATCHES = 4
@@ -126,7 +114,6 @@ def per_optimizer_step(count: dict, seconds: float) -> dict:
                     "per optimizer step"}
 
 
-# --8<-- [start:accumulation_no_sync_broken]
 def accumulation_no_sync_broken(ctx, group, scratch):
     model = DDP(mlp())
     count, start = counted(model), time.perf_counter()
@@ -135,10 +122,8 @@ def accumulation_no_sync_broken(ctx, group, scratch):
         F.cross_entropy(model(x), y).div(MICRO_BATCHES).backward()  # all-reduces every time
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     return per_optimizer_step(count, time.perf_counter() - start)
-# --8<-- [end:accumulation_no_sync_broken]
 
 
-# --8<-- [start:accumulation_no_sync_fixed]
 def accumulation_no_sync_fixed(ctx, group, scratch):
     model = DDP(mlp())
     count, start = counted(model), time.perf_counter()
@@ -149,4 +134,3 @@ def accumulation_no_sync_fixed(ctx, group, scratch):
             F.cross_entropy(model(x), y).div(MICRO_BATCHES).backward()
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     return per_optimizer_step(count, time.perf_counter() - start)
-# --8<-- [end:accumulation_no_sync_fixed]

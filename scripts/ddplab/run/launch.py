@@ -283,7 +283,6 @@ _FOLLOW_ON_GRACE_S = 5.0
 
 # --- the part both launchers share ----------------------------------------------------------
 
-# --8<-- [start:run_rank]
 def _run_rank(worker: Worker, args, *, rank: int, local_rank: int, world_size: int,
               local_world_size: int, placement: Placement, launcher: str,
               store: dist.Store | None,
@@ -314,7 +313,6 @@ def _run_rank(worker: Worker, args, *, rank: int, local_rank: int, world_size: i
         raise
     finally:
         dist.destroy_process_group()  # always leave the group, even after an error
-# --8<-- [end:run_rank]
 
 
 def _claim_first_failure(store: dist.Store | None, rank: int, timeout: float) -> int | None:
