@@ -28,7 +28,7 @@ def test_quick_run_is_complete(quick):
     assert results["provenance"]["quick"] is True
     for name in FIGURES:
         assert_png(out / "chapter06" / name)
-    # The keys the issue names, with the types it names.
+    # The straggler keys results.json promises, with their types.
     s = results["straggler"]
     assert len(s["delay_ms"]) == len(s["step_time_ms"]) == len(s["idle_ms_fast_ranks"]) >= 2
     assert set(results["syncbn"]["step_time_ms"]) == {"bn", "syncbn"}

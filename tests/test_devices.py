@@ -1,5 +1,5 @@
 """--device/--backend placement and make gpu-check, tested on a CPU machine by telling the planner
-how many GPUs to assume (the GPU run itself needs a GPU box: see issue 17's note)."""
+how many GPUs to assume (the GPU run itself needs a GPU box: `make gpu-check`)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 the ledgers predict the same from the shapes alone: DDP (everything everywhere), ZeRO-1 (whole
 parameters have an owner: ``ShardedOptimizer`` and ``ZeroRedundancyOptimizer`` alike), ZeRO-2
 (``ShardedGradients``: flat buckets padded to a multiple of N) and ZeRO-3 (FSDP2's
-``fully_shard``: dim-0 shards padded to ⌈d₀/N⌉ rows).  The probe is the issue's MLP with AdamW,
+``fully_shard``: dim-0 shards padded to ⌈d₀/N⌉ rows).  The probe is a small MLP with AdamW,
 one step taken and its gradients left in place.
 """
 

@@ -1,4 +1,4 @@
-"""The shape every chapter page promises a learner (issue 18): a learn/need box, a summary,
+"""The shape every chapter page promises a learner: a learn/need box, a summary,
 questions with collapsed answers, listings that show an idea (<= 30 lines), drawn diagrams that
 exist.  Every chapter page, the ones still to come included.  Solutions to the exercises are
 listings of a whole answer, and the cluster recipes whole files to copy: they may be longer."""

@@ -335,7 +335,7 @@ def zero2_checks(ctx, args) -> dict | None:
 # ---------------------------------------------------------------- the memory ledger
 
 def probe_mlp() -> nn.Module:
-    """The issue's probe: 1732 parameters (6928 B), its largest tensor 1024 elements."""
+    """The ledger's probe: 1732 parameters (6928 B), its largest tensor 1024 elements."""
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
                          nn.Linear(32, 4))

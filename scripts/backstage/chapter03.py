@@ -33,7 +33,7 @@ def correctness_summary(rows: list[dict], world: int) -> dict:
 
 
 def goals(m: dict) -> dict:
-    """Issue 10's targets for the ring, as measured (a benchmark record, not a test)."""
+    """The ring's targets against native, as measured (a benchmark record, not a test)."""
     at_1mib = m["ratio_ring_to_native_busbw"].get(str(1 << 20))
     rows = {"latency_ratio_smallest": (m["smallest"]["ratio_ring_to_native_time"], "<=", 1.5),
             "busbw_ratio_1mib": (at_1mib, ">=", 0.8),
