@@ -142,7 +142,7 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
         for _, param in self.params:
             param.register_post_accumulate_grad_hook(on_grad_ready)
     # --8<-- [end:init]
-        if timeline is not None:  # for the figures: layered on, see bucket_trace.py
+        if timeline is not None:  # for the figures: layered on, see run/tracing.py
             BucketTrace(timeline).attach(self)
 
     def _use_layout(self, groups: list[NamedParams]) -> None:
