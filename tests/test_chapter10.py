@@ -103,7 +103,7 @@ def test_calibration_found_nowhere_is_a_clear_error_not_typed_numbers(tmp_path, 
     for chapter, payload in ((3, {"fit": {"alpha": 1}}), (5, {"step_time_ms": {}})):
         (tmp_path / f"chapter{chapter:02d}").mkdir()
         (tmp_path / f"chapter{chapter:02d}" / "results.json").write_text(json.dumps(payload))
-    monkeypatch.setattr(ch10.ddplab.results, "REPO_ROOT", tmp_path / "nowhere")
+    monkeypatch.setattr(ch10.ddplab.run.results, "REPO_ROOT", tmp_path / "nowhere")
     with pytest.raises(ch10.ddplab.UsageError, match="run `make run-chapter03 run-chapter05`"):
         ch10.calibration(tmp_path)
 

@@ -27,7 +27,7 @@ import torch
 if TYPE_CHECKING:
     from .ranks import RankContext
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 _IMPORTED = time.time()
 
 
