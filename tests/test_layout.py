@@ -28,9 +28,10 @@ The rules (read from the source with ``ast``: no torch is imported here):
 8. No comment or docstring tells the code's history (issue numbers, numbered stops, findings
    of CI, the words of those who read it over): the code says what it does and why; git keeps
    the history.
-9. A chapter's own flags are defined in its script (no ``add_argument`` in backstage), and no
-   script's ``main()`` repeats the skeleton that ``ddplab.run.chapter_main`` holds (``replot``
-   ... ``chapter_output``).
+9. Each room's ``__init__.py`` docstring is a map that names every module in the room.
+10. A chapter's own flags are defined in its script (no ``add_argument`` in backstage), and no
+    script's ``main()`` repeats the skeleton that ``ddplab.run.chapter_main`` holds (``replot``
+    ... ``chapter_output``).
 
 Each rule is a function of a tree's root, so that each is shown to fail on a small made-up tree.
 """
@@ -265,13 +266,32 @@ def history_comments(root: Path) -> list[str]:
     return out
 
 
+ROOMS = ("ddplab", "ddplab/run", "backstage", "drawing")
+
+
+def unmapped_modules(root: Path) -> list[str]:
+    """Rule 9: a package's docstring names each of its modules (``x.py``, or ``sub/``)."""
+    out = []
+    for package in ROOMS:
+        folder = root / "scripts" / package
+        if not (folder / "__init__.py").is_file():
+            continue
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+        names = [p.name for p in sorted(folder.glob("*.py")) if p.name != "__init__.py"]
+        names += [f"{p.name}/" for p in sorted(folder.iterdir()) if (p / "__init__.py").is_file()
+                  and f"{package}/{p.name}" not in ROOMS]
+        out += [f"scripts/{package}/__init__.py does not name {name}" for name in names
+                if not re.search(rf"(?<![\w/]){re.escape(name)}", doc)]
+    return out
+
+
 def functions_called(node: ast.AST) -> set[str]:
     return {(n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", ""))
             for n in ast.walk(node) if isinstance(n, ast.Call)}
 
 
 def flags_outside_scripts(root: Path) -> list[str]:
-    """Rule 9, the flags: a chapter's own flags are in its script."""
+    """Rule 10, the flags: a chapter's own flags are in its script."""
     return [f"{where(root, path, node.lineno)}: defines a flag ({node.func.attr})"
             for path in python_files(root, "scripts/backstage")
             for node in ast.walk(ast.parse(path.read_text()))
@@ -280,7 +300,7 @@ def flags_outside_scripts(root: Path) -> list[str]:
 
 
 def copied_mains(root: Path) -> list[str]:
-    """Rule 9, the main: the skeleton from --replot to the chapter's output is written once."""
+    """Rule 10, the main: the skeleton from --replot to the chapter's output is written once."""
     out = []
     for path in sorted((root / "scripts").glob("chapter[0-9][0-9]_*.py")):
         for node in ast.parse(path.read_text()).body:
@@ -315,6 +335,10 @@ def test_every_snippet_section_is_included_by_a_page():
 
 def test_no_comment_or_docstring_tells_the_codes_history():
     assert history_comments(REPO) == []
+
+
+def test_each_rooms_docstring_maps_every_module():
+    assert unmapped_modules(REPO) == []
 
 
 @pytest.mark.xfail(strict=True, reason="chapter 06, 07 and 10 still define their flags in "
@@ -439,6 +463,17 @@ def test_a_history_docstring_is_named(tmp_path):
     write(tmp_path, {"tests/test_x.py": 'def test_x():\n    """What issue 18 asked."""\n'})
     assert history_comments(tmp_path) == [
         "tests/test_x.py:2: 'issue 18' in 'What issue 18 asked.'"]
+
+
+def test_a_module_missing_from_its_rooms_map_is_named(tmp_path):
+    write(tmp_path, {"scripts/ddplab/__init__.py": '"""ring.py  the ring"""\n',
+                     "scripts/ddplab/ring.py": "", "scripts/ddplab/ring_halves.py": "",
+                     "scripts/ddplab/bugs/__init__.py": "",
+                     "scripts/ddplab/run/__init__.py": '"""launch.py"""\n',
+                     "scripts/ddplab/run/launch.py": ""})
+    assert unmapped_modules(tmp_path) == [
+        "scripts/ddplab/__init__.py does not name ring_halves.py",
+        "scripts/ddplab/__init__.py does not name bugs/"]
 
 
 def test_flags_in_backstage_and_a_copied_main_are_named(tmp_path):
