@@ -2,16 +2,18 @@
 
 One small model, six ways to train it: DDP, ZeRO-1 (ours and ZeroRedundancyOptimizer), ZeRO-2
 (ours), FSDP (ours and fully_shard).  Every byte a rank holds, against the formula; ours and
-native in lockstep (0 means bit for bit); bytes per step and a per-layer timeline; chapter 03's
-ring in halves; gradient accumulation under sharding; a checkpoint saved at 2 ranks, continued
-at 3; and when FSDP's all-gathers hide behind compute (chapter 10's cost model).
+native in lockstep (0 means bit for bit), at this world size and again at 3 ranks, with the
+first element the flat layout sums in another order; bytes per step and a per-layer timeline;
+chapter 03's ring in halves; gradient accumulation under sharding; a checkpoint saved at 2
+ranks, continued at 3; and when FSDP's all-gathers hide behind compute (chapter 10's cost
+model).
 
 Run it:
     make run-chapter11                                  # runs the next line
     python scripts/chapter11_sharding.py                # 2 CPU ranks, or one rank per GPU
     python scripts/chapter11_sharding.py --quick        # under a minute on a 2-core laptop
     python scripts/chapter11_sharding.py --world-size 3 # where the flat layout stops being bitwise
-    torchrun --standalone --nproc-per-node 2 scripts/chapter11_sharding.py  # no 2 -> 3 reload
+    torchrun --standalone --nproc-per-node 2 scripts/chapter11_sharding.py  # no 3-rank launch
     python scripts/chapter11_sharding.py --replot       # only redraw the figures
 
 Writes out/chapter11/{ledger_formula.png, ledger.png, gathers.png, timeline.png, halves.png,
@@ -49,7 +51,15 @@ from backstage import chapter11_report as report
 from ddplab import FullyShardedDP, ShardedOptimizer, costmodel
 from ddplab import memory_ledger as ml
 from ddplab.fsdp import clip_grad_norm_
-from ddplab.fsdp_layout import parameter_major, shard
+from ddplab.fsdp_layout import (
+    offsets,
+    padded_rows,
+    parameter_major,
+    shard,
+    shard_major,
+    shard_rows,
+    split_shards,
+)
 from ddplab.ring_halves import ring_all_gather, ring_reduce_scatter
 from ddplab.run.ranks import point_to_point_context
 from ddplab.run.replot import draw_figures, replot
@@ -156,16 +166,79 @@ def ledger(ctx, args) -> dict:
 
 # --- 2. the same numbers: ours against native, in lockstep ------------------------------------
 
-class FlatLayoutFSDP(FullyShardedDP):
+def flat_average(grads, shapes, rank: int, world: int, group=None) -> list[torch.Tensor]:
     """The tempting mistake: a DDP bucket's flat parameter-major message, averaged, each rank
     keeping its rows.  The same sums, at other offsets of the message."""
+    message = parameter_major(grads, world)
+    dist.all_reduce(message, op=dist.ReduceOp.AVG, group=group)
+    rows = [-(-s[0] // world) * world * s[1:].numel() for s in shapes]
+    return [shard(t.view(-1, *s[1:])[:s[0]], rank, world)
+            for t, s in zip(message.split(rows), shapes, strict=True)]
+
+
+def shard_major_average(grads, shapes, rank: int, world: int) -> list[torch.Tensor]:
+    """fully_shard's reduction (and FullyShardedDP's): the shard-major message, one
+    reduce-scatter with AVG, this rank's row cut back into its shards."""
+    message = shard_major(grads, world)
+    row = message.new_empty(message.shape[1])
+    dist.reduce_scatter_single(row, message.view(-1), op=dist.ReduceOp.AVG)
+    return split_shards(row, shapes, rank, world)
+
+
+class FlatLayoutFSDP(FullyShardedDP):
+    """FullyShardedDP with the flat layout's reduction (``flat_average``)."""
 
     def reduce_scatter(self, grads, shapes, group):
-        message = parameter_major(grads, self.world)
-        dist.all_reduce(message, op=dist.ReduceOp.AVG, group=group)
-        rows = [-(-s[0] // self.world) * self.world * s[1:].numel() for s in shapes]
-        return [shard(t.view(-1, *s[1:])[:s[0]], self.rank, self.world)
-                for t, s in zip(message.split(rows), shapes, strict=True)]
+        return flat_average(grads, shapes, self.rank, self.world, group)
+
+
+def first_difference(ctx, size) -> dict | None:
+    """One backward; each layer's gradients averaged in both layouts: the first element (layer
+    by layer, in element order) whose averaged bits differ, and where each layout puts it in
+    its message (``fsdp_layout.offsets``).  None if every element agrees (always at 2 ranks)."""
+    model = make_model(size).to(ctx.device)
+    x, y = batches(ctx, size, 1)[0]
+    F.cross_entropy(model(x), y).backward()
+    layers = [(name, layer) for name, layer in model.named_children()
+              if any(True for _ in layer.parameters())]
+    every = [None] * ctx.world_size
+    dist.all_gather_object(every, first_on_this_rank([m for _, m in layers], ctx))
+    found = [e for e in every if e is not None]
+    if not found:
+        return None
+    at, index, element, native, flat = min(found)  # the first layer, parameter, element
+    name, layer = layers[at]
+    param_name, param = list(layer.named_parameters())[index]
+    shapes = [p.shape for p in layer.parameters()]
+    position = ", ".join(str(int(i)) for i in torch.unravel_index(torch.tensor(element),
+                                                                 param.shape))
+    where = offsets(shapes, index, element, ctx.world_size)
+    return {"element": f"{name}.{param_name}[{position}]", "owner": where["owner"],
+            "shard_major_offset": where["shard_major"],
+            "parameter_major_offset": where["parameter_major"],
+            "message_numel": ctx.world_size * sum(padded_rows(s[0], ctx.world_size)
+                                                  * s[1:].numel() for s in shapes),
+            "fully_shard": native, "flat_layout": flat}
+
+
+def first_on_this_rank(layers, ctx) -> tuple | None:
+    """(layer, parameter, element of the full parameter, both averages) of the first element
+    of this rank's shards that the two layouts average differently.  Every rank reduces every
+    layer: the collectives need them all."""
+    rank, world, first = ctx.rank, ctx.world_size, None
+    for at, layer in enumerate(layers):
+        grads = [p.grad for p in layer.parameters()]
+        shapes = [g.shape for g in grads]
+        pairs = zip(shard_major_average(grads, shapes, rank, world),
+                    flat_average(grads, shapes, rank, world), strict=True)
+        for index, (native, flat) in enumerate(pairs):
+            bad = (native.reshape(-1) != flat.reshape(-1)).nonzero()
+            if first is None and bad.numel():
+                local = bad[0].item()
+                rows_before = shard_rows(shapes[index][0], rank, world).start
+                first = (at, index, rows_before * shapes[index][1:].numel() + local,
+                         native.reshape(-1)[local].item(), flat.reshape(-1)[local].item())
+    return first
 
 
 def equality(ctx, args) -> dict:
@@ -189,7 +262,8 @@ def equality(ctx, args) -> dict:
         model, optimizer, _ = runs[stage]
         return [*model.parameters(), *probe.adam_state(model, optimizer)]
     ddp_shards = [shard(p.detach(), ctx.rank, ctx.world_size) for p in ddp.parameters()]
-    return {"steps": args.steps, "world_size": ctx.world_size, "max_abs_diff": {
+    return {"steps": args.steps, "world_size": ctx.world_size,
+            "first_difference": first_difference(ctx, size), "max_abs_diff": {
         "zero1_ours_vs_zero_redundancy": diff(zero1.parameters(), native1.parameters()),
         "zero1_ours_vs_ddp": diff(zero1.parameters(), ddp.parameters()),
         "zero2_ours_vs_ddp": diff(runs["zero2"][0].module.parameters(), ddp.parameters()),
@@ -289,12 +363,13 @@ def accumulation(ctx, args) -> dict:
             peak = probe.profiler_peak_bytes(partial(accumulate, model, optimizer, x, y,
                                                      args.micro_batches, sync_each),
                                              ctx.device.type)
+            one_step = dict(getattr(model, "bytes", {}))  # ours counts its messages
             for x, y in data[1:]:
                 accumulate(model, optimizer, x, y, args.micro_batches, sync_each)
-            pair[kind] = (model, optimizer, peak)
-        (ours, ours_opt, peak), (theirs, theirs_opt, _) = pair["ours"], pair["native"]
+            pair[kind] = (model, optimizer, peak, one_step)
+        (ours, ours_opt, peak, one_step), (theirs, theirs_opt, *_) = pair["ours"], pair["native"]
         params[mode] = [p.detach().clone() for p in ours.parameters()]
-        out[mode] = {"bytes": dict(ours.bytes), "profiler_peak": peak,
+        out[mode] = {"bytes_per_step": one_step, "profiler_peak": peak,
                      "ours_vs_fully_shard": probe.max_diff(
                          [*ours.parameters(), *probe.adam_state(ours, ours_opt)],
                          [*theirs.parameters(), *probe.adam_state(theirs, theirs_opt)]),
@@ -317,8 +392,12 @@ def clipping(ctx, size) -> dict:
     norm = clip_grad_norm_(list(ours.parameters()), float("inf")).item()
     every = [None] * ctx.world_size
     dist.all_gather_object(every, local)
+    # Did the two norms see the same gradients?  If so, only their summation order differs.
+    grads = probe.max_diff([p.grad for p in ours.parameters()],
+                           [shard(p.grad, ctx.rank, ctx.world_size) for p in ddp.parameters()])
     return {"full_model_norm": full, "global_norm_of_shards": norm,
-            "local_norm_per_rank": every, "global_rel_err": abs(norm - full) / full}
+            "local_norm_per_rank": every, "global_rel_err": abs(norm - full) / full,
+            "grads_max_abs_diff": grads}
 
 
 # --- 5. a sharded checkpoint saved at 2 ranks, continued at 3 ---------------------------------
@@ -381,6 +460,14 @@ def dcp_continue(ctx, args) -> dict | None:
     return out if ctx.is_main else None
 
 
+def continue_and_compare(ctx, args) -> dict | None:
+    """The 3-rank launch does two things: the DCP continuation, then the lockstep comparison
+    again at 3 ranks, where the layouts change the bits."""
+    out = dcp_continue(ctx, args)
+    at_three = equality(ctx, args)
+    return out | {"equality": at_three} if ctx.is_main else None
+
+
 # --- the launching process --------------------------------------------------------------------
 
 def worker(ctx: ddplab.RankContext, args) -> dict | None:
@@ -422,7 +509,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     if run is None:
         return None
     result = run.result
-    result["reshard"] = probe.save_then_continue(args, run, dcp_save, dcp_continue)
+    result["reshard"] = probe.save_then_continue(args, run, dcp_save, continue_and_compare)
+    if "equality" in result["reshard"]:  # not under torchrun, which cannot start 3 ranks
+        result["equality_3"] = result["reshard"].pop("equality")
     result["cost_model"] = report.cost_model(costmodel)
     result["verdicts"] = report.verdicts(result, run.provenance["backend"])
     with ddplab.chapter_output(args.out, CHAPTER) as out:

@@ -59,6 +59,46 @@ def test_ours_and_native_are_bitwise_equal(spawned):
 
 
 @pytest.mark.slow
+def test_at_three_ranks_only_the_other_layouts_differ(spawned):
+    # The 3-rank launch compares again: ours and native agree bit for bit; the flat layout and
+    # DDP (another layout, and a multiply by 1/N before the sum) add in other orders.
+    at_three = spawned[2]["equality_3"]
+    assert at_three["world_size"] == 3
+    differ = {"flat_layout_vs_fully_shard", "fully_shard_vs_ddp"}
+    assert set(at_three["max_abs_diff"]) == set(spawned[2]["equality"]["max_abs_diff"])
+    for name, value in at_three["max_abs_diff"].items():
+        assert (value > 0.0) if name in differ else (value == 0.0), name
+    first = at_three["first_difference"]
+    assert first["fully_shard"] != first["flat_layout"]
+    assert first["shard_major_offset"] != first["parameter_major_offset"]
+    assert 0 <= first["owner"] < 3
+    assert max(first["shard_major_offset"], first["parameter_major_offset"]) \
+        < first["message_numel"]
+    assert where_in_both_layouts(first["element"], 3) == {
+        "owner": first["owner"], "shard_major": first["shard_major_offset"],
+        "parameter_major": first["parameter_major_offset"]}
+    assert spawned[2]["equality"]["first_difference"] is None  # 2 ranks: any order, same sum
+    assert "The same at 3 ranks" in spawned[0].stdout
+
+
+def where_in_both_layouts(element: str, world: int) -> dict:
+    """``fsdp_layout.offsets`` for a name like ``3.weight[8, 2]`` of the --quick model."""
+    import chapter11_sharding as chapter
+    import torch
+
+    from ddplab.fsdp_layout import offsets
+
+    layer_name, rest = element.split(".", 1)
+    name, position = rest.rstrip("]").split("[")
+    layer = chapter.make_model(chapter.SIZES["quick"]).get_submodule(layer_name)
+    names = [n for n, _ in layer.named_parameters()]
+    shapes = [p.shape for p in layer.parameters()]
+    shape = shapes[names.index(name)]
+    at = torch.arange(shape.numel()).view(shape)[tuple(int(i) for i in position.split(","))]
+    return offsets(shapes, names.index(name), at.item(), world)
+
+
+@pytest.mark.slow
 def test_ledger_equals_the_formula_to_the_byte(spawned):
     ledger = spawned[2]["ledger"]
     assert len(ledger["per_rank"]) == spawned[2]["provenance"]["world_size"]
@@ -105,7 +145,8 @@ def test_accumulation_clipping_and_the_reload_at_three_ranks(spawned):
     for mode in ("every_micro_batch", "once_per_step"):
         assert acc[mode]["ours_vs_fully_shard"] == 0.0, mode
     k = acc["micro_batches"]
-    every, once = acc["every_micro_batch"]["bytes"], acc["once_per_step"]["bytes"]
+    every = acc["every_micro_batch"]["bytes_per_step"]
+    once = acc["once_per_step"]["bytes_per_step"]
     assert every["all_gather"] == once["all_gather"]  # the gathers happen either way
     assert every["reduce_scatter"] == k * once["reduce_scatter"]
     # Before the last micro-batch: full gradients (DDP's bytes) against this rank's padded shards.
@@ -114,6 +155,7 @@ def test_accumulation_clipping_and_the_reload_at_three_ranks(spawned):
     assert acc["every_micro_batch"]["gradients_held"] == rank0["fully_shard"]["predicted"]["grads"]
     clip = acc["clipping"]
     assert clip["global_rel_err"] < 1e-5
+    assert clip["grads_max_abs_diff"] == 0.0  # 2 ranks: the norms see the same gradients
     assert all(n < clip["full_model_norm"] for n in clip["local_norm_per_rank"])
     reshard = results["reshard"]
     assert (reshard["saved_at"], reshard["world_size"]) == (2, 3)
@@ -172,6 +214,7 @@ def test_torchrun_runs_the_same_code_and_skips_the_reload(tmp_path):
     results = load_results(tmp_path, 11)
     assert results["provenance"]["launcher"] == "torchrun"
     assert "torchrun" in results["reshard"]["skipped"]
+    assert "equality_3" not in results  # no 3-rank launch under torchrun
     assert results["equality"]["max_abs_diff"]["fsdp_ours_vs_fully_shard"] == 0.0
     for name in FIGURES:
         assert_png(tmp_path / "chapter11" / name)

@@ -191,7 +191,7 @@ def draw_halves(halves: dict, path) -> None:
         ax.plot(sizes, [row["median_ms"][key] for row in halves["sizes"]], marker="o",
                 color=color, linestyle=style, label=label)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("message (MiB)")
+    ax.set_xlabel("input per rank (MiB); all-gather's output is N× larger")
     ax.set_ylabel("median ms per call")
     ax.set_title("The ring's two halves against gloo's collectives")
     ax.legend(fontsize=8)
