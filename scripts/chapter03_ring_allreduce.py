@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 import ddplab
-from ddplab import timing
+from ddplab import ring, timing
 from ddplab.devices import gpu_count
 from ddplab.fitting import non_negative_lstsq, weighted_r2
 from ddplab.ranks import point_to_point_context
@@ -56,9 +56,11 @@ SWEEP_WORLD_SIZES = (2, 3, 4)
 # once, so the hand-written ones skip their per-call size check (timed on its own, below).
 IMPLS = {"ring": partial(ring_all_reduce, check=False), "native": dist.all_reduce,
          "naive": partial(naive_all_reduce, check=False)}
-# The correctness checks run both: with the size check (the default) and without.
-VARIANTS = {"ring": ring_all_reduce, "naive": naive_all_reduce,
-            "ring_unchecked": IMPLS["ring"], "naive_unchecked": IMPLS["naive"]}
+# The correctness checks run the page's textbook ring, and the fast ones both with the size
+# check (the default) and without.
+VARIANTS = {"textbook": ring.textbook_ring_all_reduce, "ring": ring_all_reduce,
+            "naive": naive_all_reduce, "ring_unchecked": IMPLS["ring"],
+            "naive_unchecked": IMPLS["naive"]}
 
 
 # --- correctness --------------------------------------------------------------------------------
