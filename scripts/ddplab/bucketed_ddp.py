@@ -201,7 +201,7 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
             self._finish_queued, self._arrived = True, []
         bucket, i = self._slot[param]
         if i in bucket.ready:
-            raise RuntimeError(  # native DDP raises too: "marked ready twice"
+            raise RuntimeError(  # native raises too: "mark a variable ready only once"
                 f"BucketedDDP: {bucket.names[i]!r} got a gradient twice in one backward pass "
                 "(used inside and outside a reentrant torch.utils.checkpoint? pass "
                 "use_reentrant=False)")
