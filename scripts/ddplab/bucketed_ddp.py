@@ -113,7 +113,6 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
     """
 
     # --8<-- [start:init]
-    # --8<-- [start:construct]
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None,
                  timeline: Timeline | None = None, *, overlap: bool = True,
                  forward_sync_buffers: bool = True):
@@ -124,16 +123,17 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
         self.module, self.world_size = module, dist.get_world_size()
         self.caps, self.overlap = bucket_caps(bucket_cap_mb), overlap
         self.forward_sync_buffers = forward_sync_buffers
+        # --8<-- [start:construct]
         self._buffers_to_sync = list(module.buffers())
         broadcast_from_rank0([*module.parameters(), *self._buffers_to_sync])  # same start
 
         self.params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._index = {p: i for i, (_, p) in enumerate(self.params)}
         self._use_layout(first_iteration_layout(self.params))
+        # --8<-- [end:construct]
         self._rebuilt, self._arrival_order, self._next_bucket = False, [], 0
         self._finish_queued = self._sync_this_backward = False  # decided in forward
         self._sync_buffers_next = True  # native: decided by the previous forward
-        # --8<-- [end:construct]
 
         wrapper = weakref.ref(self)  # hooks hold the wrapper weakly: a dropped one does nothing
 
