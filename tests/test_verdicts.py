@@ -222,7 +222,7 @@ def test_what_the_size_check_costs_follows_the_run(render_page):
 
 def test_the_reason_for_the_smallest_alpha_follows_which_alpha_is_smallest(render_page):
     m = ring_results()
-    reasons = {"naive": "The simplest one has the smallest fixed cost because",
+    reasons = {"naive": "The simplest one has the smallest fixed cost, and it does the least",
                "native": "gloo, whose whole call runs in C++, has the smallest fixed cost",
                "ring": "The ring has the smallest fixed cost in this run"}
     for smallest, expected in reasons.items():

@@ -223,7 +223,7 @@ def alpha_comparison(m: dict) -> dict:
 
 
 SMALLEST_ALPHA_BECAUSE = {  # why the all-reduce with the smallest fitted α has it, in one line
-    "naive": ("The simplest one has the smallest fixed cost because it does the least per call: "
+    "naive": ("The simplest one has the smallest fixed cost, and it does the least per call: "
               "its ranks send and receive whole tensors, while gloo's ring cuts every chunk into "
               "at least two segments (more messages per call) and the book's ring does more "
               "Python bookkeeping per call to keep its messages flowing (the last section)"),
