@@ -35,37 +35,38 @@ CHAPTER = 1
 
 
 # --8<-- [start:whoami]
-def whoami(ctx: ddplab.RankContext) -> dict:
+def whoami(device: torch.device) -> dict:
     """What this process knows about itself once it has joined the process group."""
     return {
-        "rank": ddplab.get("rank"),          # 0 … world_size-1, unique in the job
-        "local_rank": ddplab.get("lrank"),   # index on this machine: the GPU it would drive
-        "world_size": ddplab.get("ws"),      # number of ranks in the job
-        "backend": dist.get_backend(),       # gloo (CPU) or nccl (GPU)
-        "device": str(ctx.device),
+        "rank": dist.get_rank(),                       # 0 … world_size-1, unique in the job
+        "local_rank": int(os.environ["LOCAL_RANK"]),   # index on this machine: its GPU
+        "world_size": dist.get_world_size(),           # number of ranks in the job
+        "backend": dist.get_backend(),                 # gloo (CPU) or nccl (GPU)
+        "device": str(device),
         "host": socket.gethostname(),
-        "pid": os.getpid(),                  # every rank is its own OS process
-        "threads": torch.get_num_threads(),  # CPU threads this rank may use
+        "pid": os.getpid(),                            # every rank is its own OS process
+        "threads": torch.get_num_threads(),            # CPU threads this rank may use
     }
 # --8<-- [end:whoami]
 
 
 # --8<-- [start:groups]
-def sum_within_halves(ctx: ddplab.RankContext) -> dict:
+def sum_within_halves(device: torch.device) -> dict:
     """Split the world into two process groups and all-reduce inside each one.
 
     ``dist.new_group`` is itself collective: every rank must create every group, in the same
     order, even the groups it is not a member of.
     """
-    half = (ctx.world_size + 1) // 2
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    half = (world_size + 1) // 2
     lower = dist.new_group(ranks=list(range(half)))
-    upper = dist.new_group(ranks=list(range(half, ctx.world_size))) if ctx.world_size > 1 else None
-    mine, name = (lower, "lower half") if ctx.rank < half else (upper, "upper half")
+    upper = dist.new_group(ranks=list(range(half, world_size))) if world_size > 1 else None
+    mine, name = (lower, "lower half") if rank < half else (upper, "upper half")
 
-    value = torch.tensor([float(ctx.rank)], device=ctx.device)
+    value = torch.tensor([float(rank)], device=device)
     dist.all_reduce(value, group=mine)  # sums over the members of `mine` only
-    return {"group": name, "group_rank": ddplab.get("rank", mine),
-            "group_size": ddplab.get("ws", mine), "group_sum_of_ranks": value.item()}
+    return {"group": name, "group_rank": dist.get_rank(mine),  # its rank inside `mine`
+            "group_size": dist.get_world_size(mine), "group_sum_of_ranks": value.item()}
 # --8<-- [end:groups]
 
 
@@ -108,22 +109,22 @@ def first_weights(model: nn.Module, device: torch.device) -> list[list[list[floa
 
 
 # --8<-- [start:replicas]
-def replicas(ctx: ddplab.RankContext) -> dict:
+def replicas(seed: int, device: torch.device) -> dict:
     """Same seed on every rank: identical models.  A seed per rank: different models."""
-    torch.manual_seed(ctx.seed)  # the same seed everywhere
-    same_seed = build_model().to(ctx.device)
+    torch.manual_seed(seed)  # the same seed everywhere
+    same_seed = build_model().to(device)
 
-    torch.manual_seed(ctx.seed + ctx.rank)  # a different seed on every rank: a classic bug
-    seed_plus_rank = build_model().to(ctx.device)
+    torch.manual_seed(seed + dist.get_rank())  # a different seed on every rank: a classic bug
+    seed_plus_rank = build_model().to(device)
 
-    repaired = build_model().to(ctx.device)
+    repaired = build_model().to(device)
     repaired.load_state_dict(seed_plus_rank.state_dict())
     copy_rank0_parameters(repaired)  # the fix: copy rank 0's parameters to everyone
 
     models = {"same_seed": same_seed, "seed_plus_rank": seed_plus_rank,
               "seed_plus_rank_then_broadcast": repaired}
-    return {key: {"max_abs_diff": max_abs_diff_to_rank0(m, ctx.device),
-                  "weights": first_weights(m, ctx.device)} for key, m in models.items()}
+    return {key: {"max_abs_diff": max_abs_diff_to_rank0(m, device),
+                  "weights": first_weights(m, device)} for key, m in models.items()}
 # --8<-- [end:replicas]
 
 
@@ -131,7 +132,7 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
     """Runs on every rank."""
     if args.crash_rank == ctx.rank:
         raise RuntimeError(f"rank {ctx.rank} crashed on purpose (--crash-rank {args.crash_rank})")
-    me = {**whoami(ctx), **sum_within_halves(ctx)}
+    me = {**whoami(ctx.device), **sum_within_halves(ctx.device)}
     everyone = [None] * ctx.world_size
     dist.all_gather_object(everyone, me)  # any picklable object, not only tensors
 
@@ -139,7 +140,7 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
     dist.all_reduce(ranks)  # 0 + 1 + … + (N-1), the smallest check that everyone is there
     result = {"ranks": everyone, "all_reduce_sum_of_ranks": ranks.item(),
               "expected_sum_of_ranks": ctx.world_size * (ctx.world_size - 1) / 2,
-              "replicas": replicas(ctx)}
+              "replicas": replicas(ctx.seed, ctx.device)}
     return result if ctx.is_main else None
 
 

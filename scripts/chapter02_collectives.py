@@ -57,10 +57,11 @@ def demo_tensor(ctx: ddplab.RankContext) -> torch.Tensor:
 # --- the collectives, one function each: (what this rank held before, what it holds after) ------
 
 # --8<-- [start:send_recv]
-def send_recv(ctx, x):
+def send_recv(x):
     """Each rank sends its tensor to the right neighbour and receives from the left one."""
     out = torch.empty_like(x)
-    right, left = (ctx.rank + 1) % ctx.world_size, (ctx.rank - 1) % ctx.world_size
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
     exchange = [dist.P2POp(dist.isend, x, right), dist.P2POp(dist.irecv, out, left)]
     for work in dist.batch_isend_irecv(exchange):  # both posted at once, then waited for
         work.wait()
@@ -69,7 +70,7 @@ def send_recv(ctx, x):
 
 
 # --8<-- [start:broadcast]
-def broadcast(ctx, x):
+def broadcast(x):
     out = x.clone()
     dist.broadcast(out, src=0)  # everyone ends up with rank 0's tensor
     return x, out
@@ -77,25 +78,29 @@ def broadcast(ctx, x):
 
 
 # --8<-- [start:scatter]
-def scatter(ctx, x):
+def scatter(x):
     out = torch.empty(1, dtype=x.dtype, device=x.device)
-    pieces = list(x.chunk(ctx.world_size)) if ctx.rank == 0 else None  # only the source has data
+    is_source = dist.get_rank() == 0
+    pieces = list(x.chunk(dist.get_world_size())) if is_source else None  # only the source has data
     dist.scatter(out, scatter_list=pieces, src=0)  # rank r gets rank 0's piece r
-    return (x if ctx.rank == 0 else None), out
+    return (x if is_source else None), out
 # --8<-- [end:scatter]
 
 
 # --8<-- [start:gather]
-def gather(ctx, x):
+def gather(x):
     mine = x[:1].clone()
-    pieces = [torch.empty_like(mine) for _ in range(ctx.world_size)] if ctx.rank == 0 else None
+    is_destination = dist.get_rank() == 0
+    pieces = None  # only the destination passes a list to receive into
+    if is_destination:
+        pieces = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.gather(mine, gather_list=pieces, dst=0)  # only the destination receives
-    return mine, (torch.cat(pieces) if ctx.rank == 0 else None)
+    return mine, (torch.cat(pieces) if is_destination else None)
 # --8<-- [end:gather]
 
 
 # --8<-- [start:reduce]
-def reduce(ctx, x):
+def reduce(x):
     out = x.clone()
     dist.reduce(out, dst=0)  # the sum lands on rank 0; don't read the others' buffers
     return x, out
@@ -103,16 +108,16 @@ def reduce(ctx, x):
 
 
 # --8<-- [start:all_gather]
-def all_gather(ctx, x):
+def all_gather(x):
     mine = x[:1].clone()
-    pieces = [torch.empty_like(mine) for _ in range(ctx.world_size)]
+    pieces = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(pieces, mine)  # everyone receives everyone's piece
     return mine, torch.cat(pieces)
 # --8<-- [end:all_gather]
 
 
 # --8<-- [start:all_reduce]
-def all_reduce(ctx, x):
+def all_reduce(x):
     out = x.clone()
     dist.all_reduce(out)  # op=SUM by default: everyone ends up with the sum
     return x, out
@@ -120,9 +125,9 @@ def all_reduce(ctx, x):
 
 
 # --8<-- [start:reduce_scatter]
-def reduce_scatter(ctx, x):
+def reduce_scatter(x):
     out = torch.empty(1, dtype=x.dtype, device=x.device)
-    dist.reduce_scatter(out, list(x.chunk(ctx.world_size)))  # rank r gets the sum of piece r
+    dist.reduce_scatter(out, list(x.chunk(dist.get_world_size())))  # rank r gets the sum of piece r
     return x, out
 # --8<-- [end:reduce_scatter]
 
@@ -146,7 +151,7 @@ def use_fallbacks(support: dict) -> list[str]:
 
 
 # --8<-- [start:all_to_all]
-def all_to_all(ctx, x):
+def all_to_all(x):
     out = torch.empty_like(x)
     dist.all_to_all_single(out, x)  # piece j of rank i goes to rank j, as its piece i
     return x, out
@@ -161,7 +166,7 @@ def run_demos(ctx: ddplab.RankContext) -> dict:
     """Every collective on the demo tensor; every rank's before and after, on every rank."""
     states = {}
     for name, collective in COLLECTIVES.items():
-        before, after = collective(ctx, demo_tensor(ctx))
+        before, after = collective(demo_tensor(ctx))
         mine = [None if t is None else t.cpu().tolist() for t in (before, after)]
         everyone: list = [None] * ctx.world_size
         dist.all_gather_object(everyone, mine)

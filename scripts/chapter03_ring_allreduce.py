@@ -37,6 +37,7 @@ import ddplab
 import drawing.chapter03
 from backstage.chapter03 import correctness_summary, goals, per_call_costs, stall_summary, verdicts
 from backstage.chapter03 import summarize as summary_with
+from ddplab import ring
 from ddplab.ring import SEGMENT_BYTES, RingStep, naive_all_reduce, ring_all_reduce
 from ddplab.run import timing
 from ddplab.run.devices import gpu_count
@@ -56,9 +57,11 @@ SWEEP_WORLD_SIZES = (2, 3, 4)
 # once, so the hand-written ones skip their per-call size check (timed on its own, below).
 IMPLS = {"ring": partial(ring_all_reduce, check=False), "native": dist.all_reduce,
          "naive": partial(naive_all_reduce, check=False)}
-# The correctness checks run both: with the size check (the default) and without.
-VARIANTS = {"ring": ring_all_reduce, "naive": naive_all_reduce,
-            "ring_unchecked": IMPLS["ring"], "naive_unchecked": IMPLS["naive"]}
+# The correctness checks run the page's textbook ring, and the fast ones both with the size
+# check (the default) and without.
+VARIANTS = {"textbook": ring.textbook_ring_all_reduce, "ring": ring_all_reduce,
+            "naive": naive_all_reduce, "ring_unchecked": IMPLS["ring"],
+            "naive_unchecked": IMPLS["naive"]}
 
 
 # --- correctness --------------------------------------------------------------------------------

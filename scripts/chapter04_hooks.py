@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import ddplab
 import drawing.chapter04
-from backstage.chapter04 import sweep_verdict
+from backstage.chapter04 import sweep_reading, sweep_verdict
 from ddplab import BucketedDDP
 from ddplab.bucketed_ddp import MiB, assign_buckets
 from ddplab.run import timing
@@ -346,8 +346,9 @@ def bucket_sweep(ctx, args) -> dict:
                           "slowest_cap_mb": slowest["bucket_cap_mb"],
                           "slowest_ms": slowest["step_time_ms"][kind]}
     same = all(p["buckets"]["bucketed"] == p["buckets"]["native"] for p in points)
+    verdict = {kind: sweep_verdict(points, kind) for kind in ("bucketed", "native")}
     return {"points": points, "extremes": extremes, "local_step_time_ms": ms["local"],
-            "verdict": {kind: sweep_verdict(points, kind) for kind in ("bucketed", "native")},
+            "verdict": verdict, "reading": sweep_reading(verdict),
             "same_bucket_counts_as_native": same,
             "default_cap": default_cap_layouts(ctx, model, batches),
             "gradient_mib": sum(p.numel() for p in model.parameters()) * 4 / MiB}

@@ -16,7 +16,7 @@ from conftest import REPO
 from backstage import chapter05_report
 from backstage.chapter03 import per_call_costs
 from backstage.chapter03 import verdicts as ring_verdicts
-from backstage.chapter04 import sweep_verdict
+from backstage.chapter04 import sweep_reading, sweep_verdict
 from drawing.chapter03 import label_bytes
 
 MiB = 2**20
@@ -61,16 +61,37 @@ def sentence(text: str, start: str) -> str:
     return re.search(re.escape(start) + r"[^.]*\.", text).group(0)
 
 
-def test_which_sizes_the_ring_trails_gloo_at_follows_the_run(render_page):
-    base = ring_results({("ring", 4 * MiB): 1.0, ("native", 4 * MiB): 1.0,
-                         ("ring", 8 * MiB): 1.0, ("native", 8 * MiB): 1.0})
-    slow = ring_results({("ring", 4 * MiB): 2.0, ("native", 4 * MiB): 1.0,
-                         ("ring", 8 * MiB): 1.0, ("native", 8 * MiB): 1.0})
-    before = sentence(render_page(PAGE_03, "03", base), "Where DDP's buckets live")
-    after = sentence(render_page(PAGE_03, "03", slow), "Where DDP's buckets live")
-    assert before != after
-    trails = after.split("trailed gloo's by more than 10 % at ")[1].split(", and was")[0]
-    assert "4 MiB" in trails and "8 MiB" not in trails
+def band_results(ring_ms: dict) -> dict:
+    """Chapter 03's results with gloo at 1 ms and the ring at the given ms at 1 to 16 MiB."""
+    sizes = [MiB, 2 * MiB, 4 * MiB, 8 * MiB, 16 * MiB]
+    return ring_results({("native", s): 1.0 for s in sizes}
+                        | {("ring", s): ring_ms.get(s, 1.0) for s in sizes})
+
+
+def test_where_the_ring_is_slower_than_gloo_follows_the_run(render_page):
+    base = band_results({MiB: 2.0, 2 * MiB: 2.0})
+    slow = band_results({MiB: 2.0, 2 * MiB: 2.0, 4 * MiB: 2.0})
+    before = sentence(render_page(PAGE_03, "03", base), "Compared by bus bandwidth")
+    after = sentence(render_page(PAGE_03, "03", slow), "Compared by bus bandwidth")
+    assert ("the ring was more than 10 % slower than gloo below 4 MiB, and as fast or faster "
+            "from 4 MiB up.") in before
+    assert "slower than gloo below 8 MiB, and as fast or faster from 8 MiB up" in after
+
+
+def test_the_ring_against_gloo_reads_plainly_without_one_threshold():
+    level = band_results({})["verdicts"]["ring_against_gloo_in_buckets"]
+    behind = band_results({s: 2.0 for s in (MiB, 2 * MiB, 4 * MiB, 8 * MiB, 16 * MiB)})
+    ahead_first = band_results({8 * MiB: 2.0, 16 * MiB: 2.0})
+    scattered = band_results({MiB: 2.0, 4 * MiB: 2.0})
+    assert level == "the ring was as fast as gloo or faster at every size"
+    assert behind["verdicts"]["ring_against_gloo_in_buckets"] == (
+        "the ring was more than 10 % slower than gloo at every size")
+    assert ahead_first["verdicts"]["ring_against_gloo_in_buckets"] == (
+        "the ring was as fast as gloo or faster below 8 MiB, and more than 10 % slower than "
+        "gloo from 8 MiB up")
+    assert scattered["verdicts"]["ring_against_gloo_in_buckets"] == (
+        "the ring was more than 10 % slower than gloo at 1 MiB and 4 MiB, and as fast or "
+        "faster at 2 MiB, 8 MiB and 16 MiB")
 
 
 def test_where_naive_is_fastest_faster_and_slower_follows_the_run(render_page):
@@ -199,6 +220,19 @@ def test_what_the_size_check_costs_follows_the_run(render_page):
     assert "(75%)" in render_page(PAGE_03, "03", m)
 
 
+def test_the_reason_for_the_smallest_alpha_follows_which_alpha_is_smallest(render_page):
+    m = ring_results()
+    reasons = {"naive": "The simplest one has the smallest fixed cost, and it does the least",
+               "native": "gloo, whose whole call runs in C++, has the smallest fixed cost",
+               "ring": "The ring has the smallest fixed cost in this run"}
+    for smallest, expected in reasons.items():
+        for name in reasons:
+            m["alpha_beta"][name]["alpha_us"] = 10.0 if name == smallest else 100.0
+        m["verdicts"] = ring_verdicts(m, label_bytes)
+        page = render_page(PAGE_03, "03", m)
+        assert [r for r in reasons.values() if r in page] == [expected]
+
+
 def test_alpha_sentence_follows_which_alpha_is_smaller(render_page):
     m = ring_results()
     gloo = m["alpha_beta"]["native"]["alpha_us"]
@@ -216,6 +250,25 @@ def dp_results(**why) -> dict:
     r["why_naive_is_slower"].update(why)
     r["verdicts"] = chapter05_report.verdicts(r)
     return r
+
+
+def test_the_core_says_how_much_of_the_gap_the_named_causes_explain(render_page):
+    r = copy.deepcopy(committed("05"))
+    t, why = r["step_time_ms"], r["why_naive_is_slower"]
+    extra = why["allreduce_calls"]["naive"] - why["allreduce_calls"]["native"]
+    for naive_ms, lone_ms, expected in (
+            (t["native"] + 100.0, 1.0, "the two explain"),
+            (t["native"] + 1.0, 10.0, "the two account for all of NaiveDDP's 1.0 ms gap"),
+            (t["native"] - 1.0, 1.0, "NaiveDDP's step was not longer than native DDP's")):
+        t["naive"], why["small_allreduce_ms"] = naive_ms, lone_ms
+        r["verdicts"] = chapter05_report.verdicts(r)
+        gap = r["verdicts"]["gap_to_native"]
+        core = render_page(PAGE_05, "05", r).split("**no overlap**. ")[1][:160]
+        assert expected in core
+        if expected == "the two explain":
+            assert f"{gap['explained_ms']:.1f} ms of NaiveDDP's 100.0 ms gap" in core
+            assert f"({gap['explained_ms'] / 100.0:.0%})" in core
+            assert gap["messages_ms"] == pytest.approx(extra * lone_ms)
 
 
 def test_the_four_rank_change_takes_its_sign_from_the_run(render_page):
@@ -346,11 +399,41 @@ def test_the_bucket_sweep_is_read_against_its_own_noise(render_page):
         points = [*many, sweep_point(4, 3, middle_ms), *one]
         r["bucket_sweep"]["verdict"] = {kind: sweep_verdict(points, kind)
                                         for kind in ("bucketed", "native")}
+        r["bucket_sweep"]["reading"] = sweep_reading(r["bucket_sweep"]["verdict"])
         page = render_page(PAGE_04, "04", r)
         assert "spread by up to 1.0 ms, the sweep's own noise" in page
         most = "the steps with the most buckets (9, caps 0.25 to 0.5 MiB) were "
         assert most + many_words in page
         assert f"those with the fewest (1, caps 16 to 32 MiB) were {one_words}" in page
+
+
+def sweep_page(render_page, points: list[dict], native_points: list[dict] | None = None) -> str:
+    r = copy.deepcopy(committed("04"))
+    r["bucket_sweep"]["verdict"] = {"bucketed": sweep_verdict(points, "bucketed"),
+                                    "native": sweep_verdict(native_points or points, "native")}
+    r["bucket_sweep"]["reading"] = sweep_reading(r["bucket_sweep"]["verdict"])
+    return render_page(PAGE_04, "04", r)
+
+
+def test_the_bucket_sweep_s_plain_reading_follows_the_run(render_page):
+    many = [sweep_point(0.25, 9, 40.0), sweep_point(0.5, 9, 41.0)]  # 1 ms of noise
+    one = [sweep_point(16, 1, 40.2), sweep_point(32, 1, 40.7)]
+    flat = sweep_page(render_page, [*many, sweep_point(4, 3, 40.5), *one])
+    assert ("For both DDPs, no bucket cap was measurably faster than another: the spread "
+            "between caps, 1.0 ms, was within the sweep's own noise (1.0 ms for BucketedDDP, "
+            "1.0 ms for native DDP).") in flat
+    ends = sweep_page(render_page, [*many, sweep_point(4, 3, 39.6), *one])
+    assert ("neither the smallest caps (9 buckets) nor the largest (1 bucket) were measurably "
+            "slower or faster than the other caps") in ends
+    slow_small = [*many, sweep_point(4, 3, 30.2), sweep_point(16, 1, 30.0),
+                  sweep_point(32, 1, 30.5)]
+    page = sweep_page(render_page, slow_small)
+    assert ("For both DDPs, the smallest caps (9 buckets) were slower than the other caps by "
+            "more than the sweep's own noise (1.0 ms for BucketedDDP") in page
+    page = sweep_page(render_page, slow_small, native_points=[*many, sweep_point(4, 3, 40.5), *one])
+    assert ("For BucketedDDP, the smallest caps (9 buckets) were slower than the other caps by "
+            "more than the sweep's own noise (1.0 ms); for native DDP, no bucket cap was "
+            "measurably faster than another") in page
 
 
 def test_a_bucket_sweep_without_repeated_layouts_claims_no_reading():

@@ -43,7 +43,8 @@ def sweep_verdict(points: list[dict], kind: str) -> dict:
     text = (f"caps that make the same number of buckets spread by up to {noise:.1f} ms, the "
             f"sweep's own noise")
     if most == fewest:
-        return {"noise_ms": noise, "text": text + "; every cap made the same buckets"}
+        return {"noise_ms": noise, "text": text + "; every cap made the same buckets",
+                "plain": "every cap made the same buckets"}
 
     def end(count: int, against: list[int], words: str, whom: str) -> str:
         caps = caps_text([p["bucket_cap_mb"] for p in groups[count]])
@@ -56,4 +57,55 @@ def sweep_verdict(points: list[dict], kind: str) -> dict:
     if middle:
         text += ", and " + end(fewest, middle, "those with the fewest",
                                "cap in between")
-    return {"noise_ms": noise, "most_buckets": most, "fewest_buckets": fewest, "text": text}
+    return {"noise_ms": noise, "most_buckets": most, "fewest_buckets": fewest, "text": text,
+            "plain": plain_reading(ms, most, fewest, noise)}
+
+
+def buckets_text(count: int) -> str:
+    return f"{count} bucket{'s' if count != 1 else ''}"
+
+
+def plain_reading(ms: dict[int, list[float]], most: int, fewest: int, noise: float) -> str:
+    """The sweep in one plain clause, "{noise}" left for the caller to fill in: no cap faster
+    than another, or which end of the curve (the smallest caps, the largest) stood out."""
+    every = [t for times in ms.values() for t in times]
+    if max(every) - min(every) <= noise:
+        return (f"no bucket cap was measurably faster than another: the spread between caps, "
+                f"{max(every) - min(every):.1f} ms, was within the sweep's own noise ({{noise}})")
+    ends = [("the smallest caps", most, [c for c in ms if c != most], "other caps"),
+            ("the largest caps", fewest, [c for c in ms if c not in (most, fewest)],
+             "caps in between")]
+    apart = []
+    for name, count, against, whom in ends:
+        others = [t for c in against for t in ms[c]]
+        if not others:
+            continue
+        if min(ms[count]) - max(others) > noise:
+            apart.append(f"{name} ({buckets_text(count)}) were slower than the {whom}")
+        elif min(others) - max(ms[count]) > noise:
+            apart.append(f"{name} ({buckets_text(count)}) were faster than the {whom}")
+    if not apart:
+        return (f"neither the smallest caps ({buckets_text(most)}) nor the largest "
+                f"({buckets_text(fewest)}) were measurably slower or faster than the other caps: "
+                f"the differences stayed within the sweep's own noise ({{noise}})")
+    return " and ".join(apart) + " by more than the sweep's own noise ({noise})"
+
+
+NAMES = {"bucketed": "BucketedDDP", "native": "native DDP"}
+
+
+def sweep_reading(verdict: dict[str, dict]) -> str:
+    """Both DDPs' plain clauses as one sentence, "For both DDPs, …" when they read the same."""
+    def noise(kind: str) -> str:
+        ms = verdict[kind]["noise_ms"]
+        return "none measured" if ms is None else f"{ms:.1f} ms"
+
+    def plain(kind: str) -> str:
+        return verdict[kind].get("plain", verdict[kind]["text"])
+
+    if len({plain(kind) for kind in verdict}) == 1:
+        noises = ", ".join(f"{noise(kind)} for {NAMES[kind]}" for kind in verdict)
+        return "For both DDPs, " + plain(next(iter(verdict))).format(noise=noises)
+    apart = "; ".join(f"for {NAMES[kind]}, {plain(kind).format(noise=noise(kind))}"
+                      for kind in verdict)
+    return apart[0].upper() + apart[1:]

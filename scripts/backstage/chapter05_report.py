@@ -104,7 +104,20 @@ def gap_to_native(r: dict, overlap: dict) -> dict:
             "below_serial_ms": below_serial, "explained_ms": explained,
             "explained_share": explained / gap if gap > 0 else None, "stalls_ms": stalls,
             "unexplained_ms": left, "unexplained_share": left / gap if gap > 0 else None,
-            "text": gap_text(parts, extra_calls)}
+            "headline": gap_headline(gap, explained), "text": gap_text(parts, extra_calls)}
+
+
+def gap_headline(gap: float, explained: float) -> str:
+    """How much of the gap the two named causes explain, as one plain sentence."""
+    if gap <= 0:
+        return ("In this run NaiveDDP's step was not longer than native DDP's, so there is no "
+                "gap to explain")
+    if explained <= 0:
+        return f"In this run the two explain none of NaiveDDP's {gap:.1f} ms gap"
+    if explained >= gap:
+        return f"In this run the two account for all of NaiveDDP's {gap:.1f} ms gap"
+    return (f"In this run the two explain {explained:.1f} ms of NaiveDDP's {gap:.1f} ms gap "
+            f"({explained / gap:.0%}); the note below says what is known of the rest")
 
 
 def gap_text(ms: dict, extra_calls: int) -> str:

@@ -123,12 +123,14 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
         self.module, self.world_size = module, dist.get_world_size()
         self.caps, self.overlap = bucket_caps(bucket_cap_mb), overlap
         self.forward_sync_buffers = forward_sync_buffers
+        # --8<-- [start:construct]
         self._buffers_to_sync = list(module.buffers())
         broadcast_from_rank0([*module.parameters(), *self._buffers_to_sync])  # same start
 
         self.params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._index = {p: i for i, (_, p) in enumerate(self.params)}
         self._use_layout(first_iteration_layout(self.params))
+        # --8<-- [end:construct]
         self._rebuilt, self._arrival_order, self._next_bucket = False, [], 0
         self._finish_queued = self._sync_this_backward = False  # decided in forward
         self._sync_buffers_next = True  # native: decided by the previous forward
@@ -176,7 +178,9 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
         self._sync_this_backward = self.do_sync and torch.is_grad_enabled()
         self._sync_buffers_next = self._sync_this_backward
         return self.module(*args, **kwargs)
+    # --8<-- [end:forward]
 
+    # --8<-- [start:rebuild]
     def _rebuild_buckets(self) -> None:
         """Buckets in the order gradients arrived, capped (native: ``Reducer::rebuild_buckets``).
         Every rank takes rank 0's order (native's ``sync_bucket_indices``): same buckets."""
@@ -184,7 +188,7 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
         dist.broadcast(order, src=0)
         self._use_layout(pack([self.params[i] for i in order.tolist()], list(self.caps)))
         self._rebuilt = True
-    # --8<-- [end:forward]
+    # --8<-- [end:rebuild]
 
     # --8<-- [start:on_grad_ready]
     def _on_grad_ready(self, param: nn.Parameter) -> None:
@@ -196,7 +200,7 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
             self._finish_queued, self._arrived = True, []
         bucket, i = self._slot[param]
         if i in bucket.ready:
-            raise RuntimeError(  # native DDP raises too: "marked ready twice"
+            raise RuntimeError(  # native raises too: "mark a variable ready only once"
                 f"BucketedDDP: {bucket.names[i]!r} got a gradient twice in one backward pass "
                 "(used inside and outside a reentrant torch.utils.checkpoint? pass "
                 "use_reentrant=False)")
@@ -245,6 +249,7 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
             self._next_bucket = 0
     # --8<-- [end:finish]
 
+    # --8<-- [start:missing]
     def _check_every_gradient_arrived(self) -> None:
         missing = [b.names[i] for b in self.buckets for i in range(len(b.params))
                    if i not in b.ready]
@@ -257,6 +262,7 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
             f"pass, first {missing[0]!r}, so their bucket can never be all-reduced. "
             "Every parameter that requires grad must contribute to the loss on every "
             "rank: freeze the unused ones with requires_grad_(False) before wrapping")
+    # --8<-- [end:missing]
 
 
 # --8<-- [start:native_buffer_sync]

@@ -46,25 +46,53 @@ def bucket_caps(bucket_cap_mb: float | None) -> tuple[int, int]:
 
 
 # --8<-- [start:rule]
+def pack_sizes(sizes: list[int], cap: int) -> list[list[int]]:
+    """THE rule, for gradients of one dtype on one device: take them in the given order, add
+    each to the open bucket, and close the bucket once it holds ``cap`` bytes or more.  A
+    gradient is never split, so a bucket can end over the cap.  Returns positions in ``sizes``."""
+    buckets, current, filled = [], [], 0
+    for position, nbytes in enumerate(sizes):
+        current.append(position)
+        filled += nbytes
+        if filled >= cap:
+            buckets.append(current)
+            current, filled = [], 0
+    if current:  # the last bucket may stay under the cap
+        buckets.append(current)
+    return buckets
+# --8<-- [end:rule]
+
+
+# --8<-- [start:general]
+def pack_with_caps(sizes: list[int], caps: list[int]) -> list[list[int]]:
+    """``pack_sizes`` with the k-th bucket capped at ``caps[k]``, the last cap repeating."""
+    buckets, start = [], 0
+    for cap in caps[:-1]:
+        if start < len(sizes):
+            first = pack_sizes(sizes[start:], cap)[0]
+            buckets.append([start + i for i in first])
+            start += len(first)
+    return buckets + [[start + i for i in b] for b in pack_sizes(sizes[start:], caps[-1])]
+
+
 def pack_positions(items: list[tuple[Hashable, int]], caps: list[int],
                    sort_by_first: bool = False) -> list[list[int]]:
-    """THE rule.  ``items``: (dtype-and-device key, bytes) in the order to pack; returns lists of
-    positions in ``items``.  A bucket closes once it holds ``caps[k]`` bytes or more, k counting
-    the buckets already closed for that key (the last cap repeats)."""
-    closed: list[list[int]] = []
-    open_buckets: dict[Hashable, tuple[list[int], int]] = {}  # key -> (positions, bytes)
-    closed_count: dict[Hashable, int] = {}
-    for position, (key, nbytes) in enumerate(items):
-        members, size = open_buckets.get(key, ([], 0))
-        members, size = [*members, position], size + nbytes
-        k = closed_count.get(key, 0)
-        if size >= caps[min(k, len(caps) - 1)]:
-            closed.append(members)
-            closed_count[key], members, size = k + 1, [], 0
-        open_buckets[key] = (members, size)
-    buckets = closed + [members for members, _ in open_buckets.values() if members]
+    """The rule for every dtype and device at once, as native's C++ applies it.  ``items``:
+    (dtype-and-device key, bytes) in the order to pack; returns lists of positions in ``items``.
+    Each key is packed on its own; the buckets come in the order they closed (a bucket closes
+    at its last member), then the buckets still under their cap at the end, one per key."""
+    by_key: dict[Hashable, list[int]] = {}  # in order of each key's first item
+    for position, (key, _) in enumerate(items):
+        by_key.setdefault(key, []).append(position)
+    closed, still_open = [], []
+    for positions in by_key.values():
+        sizes = [items[p][1] for p in positions]
+        for k, bucket in enumerate(pack_with_caps(sizes, caps)):
+            full = sum(sizes[i] for i in bucket) >= caps[min(k, len(caps) - 1)]
+            (closed if full else still_open).append([positions[i] for i in bucket])
+    buckets = sorted(closed, key=max) + still_open
     return sorted(buckets, key=min) if sort_by_first else buckets
-# --8<-- [end:rule]
+# --8<-- [end:general]
 
 
 def pack(named_params: NamedParams, caps: list[int],
@@ -87,10 +115,14 @@ def construction_layout(named_params: NamedParams, bucket_cap_mb: float | None =
 # --8<-- [end:construction]
 
 
+# --8<-- [start:first_iteration]
 def first_iteration_layout(named_params: NamedParams) -> list[NamedParams]:
-    """Before native DDP has seen a backward pass (``find_unused_parameters=False``): one bucket
-    per dtype and device, parameters in definition order inside each."""
-    return construction_layout(named_params)
+    """Native DDP's buckets until its first backward, at the default
+    ``find_unused_parameters=False``: the definition order with no cap (a cap of
+    ``sys.maxsize``), so one bucket per dtype and device, parameters in definition order inside
+    it.  A model of one dtype on one device: one bucket holding every parameter."""
+    return construction_layout(named_params, find_unused_parameters=False)
+# --8<-- [end:first_iteration]
 
 
 def rebuilt_layout(ready_order: NamedParams,
@@ -109,5 +141,4 @@ def reverse_order_positions(sizes_bytes: list[int], cap_bytes: int) -> list[list
     """``assign_buckets`` on bare sizes (one dtype and device): definition indices, bucket 0
     first.  The layout exercise 04.2 asks for."""
     last = len(sizes_bytes) - 1
-    items = [("one dtype", size) for size in reversed(sizes_bytes)]
-    return [[last - i for i in bucket] for bucket in pack_positions(items, [cap_bytes])]
+    return [[last - i for i in bucket] for bucket in pack_sizes(sizes_bytes[::-1], cap_bytes)]

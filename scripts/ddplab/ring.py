@@ -12,8 +12,10 @@ The tensor is cut into N chunks, and the sum is built in two phases of N-1 steps
    the finished sum of chunk (r+1) mod N.
 2. all-gather: the finished chunks go round the ring once more, copied instead of added.
 
-The chunk a rank receives at one step is the chunk it sends at the next, so the code is a relay:
-send your own chunk, then 2(N-1) times receive a chunk, add it (or keep it), and pass it on.
+``textbook_ring_all_reduce`` writes the two phases as two loops of send/recv, as the ring is
+drawn.  The chunk a rank receives at one step is the chunk it sends at the next, so the fast
+version, ``ring_all_reduce``, is a relay: send your own chunk, then 2(N-1) times receive a chunk,
+add it (or keep it), and pass it on, with receives posted ahead and large chunks in segments.
 
 Every rank sends 2(N-1)/N·S bytes in total, whatever N is: the bandwidth-optimal all-reduce
 (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations",
@@ -102,6 +104,34 @@ def naive_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = Non
         tensor.copy_(flat.view_as(tensor))
     return tensor
 # --8<-- [end:naive]
+
+
+# --8<-- [start:textbook]
+def textbook_ring_all_reduce(tensor: torch.Tensor,
+                             group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """In-place SUM, the ring as drawn: N-1 reduce-scatter steps, then N-1 all-gather steps."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    flat = _flat(tensor)
+    chunks = flat.tensor_split(world)  # N chunks; sizes differ by at most one element
+    right, left = _peer(group, (rank + 1) % world), _peer(group, (rank - 1) % world)
+
+    def send_and_receive(outgoing: torch.Tensor, incoming_like: torch.Tensor) -> torch.Tensor:
+        incoming = torch.empty_like(incoming_like)
+        sending = dist.isend(outgoing, right, group)  # not send: every rank sends at once,
+        dist.recv(incoming, left, group)              # and a blocking send would wait forever
+        sending.wait()
+        return incoming
+
+    for s in range(world - 1):  # reduce-scatter: add what arrives into our own copy
+        mine, arriving = (rank - s) % world, (rank - s - 1) % world
+        chunks[arriving].add_(send_and_receive(chunks[mine], chunks[arriving]))
+    for s in range(world - 1):  # all-gather: pass the finished sums on, copied
+        mine, arriving = (rank + 1 - s) % world, (rank - s) % world
+        chunks[arriving].copy_(send_and_receive(chunks[mine], chunks[arriving]))
+    if flat.data_ptr() != tensor.data_ptr():  # we worked on a contiguous copy
+        tensor.copy_(flat.view_as(tensor))
+    return tensor
+# --8<-- [end:textbook]
 
 
 @dataclass(frozen=True)
