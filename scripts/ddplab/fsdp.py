@@ -8,13 +8,16 @@ again when its backward starts, and its gradients are reduce-scattered with ``Re
 as soon as they are all there.  What FSDP2 does at each point (torch 2.13,
 ``torch/distributed/fsdp/_fully_shard/``):
 
-* gather: one ``all_gather_single`` per unit of the padded shards (``foreach_all_gather``),
-  copied out per parameter (``foreach_all_gather_copy_out``) and seen at its own size, padding
-  left out (``FSDPParam.init_unsharded_param``);
+* gather: one ``all_gather_single`` per unit into one buffer whose slot r is rank r's input,
+  the padded shards copied straight into it (``foreach_all_gather``, ``all_gather_copy_in``),
+  then copied out per parameter (``foreach_all_gather_copy_out``) at its own size, padding
+  left out (``FSDPParam.init_unsharded_param``); the buffer is freed once copied out;
 * free after forward: the full tensors keep their identity (autograd saved them) but their
   storage is resized to 0 (``free_storage``), and re-allocated and re-filled in the pre-backward
   hook on the unit's outputs (``FSDPParamGroup.pre_backward``);
-* reduce: the unit's gradients laid out shard-major (``foreach_reduce_scatter_copy_in``), one
+* reduce: the unit's full parameters freed first (``FSDPParamGroup.post_backward`` reshards
+  before it reduces), its gradients copied shard-major into one message
+  (``foreach_reduce_scatter_copy_in``) and freed (``unsharded_grads.clear()``), one
   ``reduce_scatter_single`` with AVG (``_get_gradient_divide_factors``: AVG for float32 when no
   divide factor is set), and rank r's row viewed back as its shards' ``.grad`` — added to a
   ``.grad`` already there (``foreach_reduce``, ``to_accumulate_grad``);
@@ -42,7 +45,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from .fsdp_layout import pad, shard, shard_major, split_shards, unshard
+from .fsdp_layout import pad_into, padded_rows, shard, shard_major, split_shards, unshard_into
 
 
 class _Unit:
@@ -53,6 +56,7 @@ class _Unit:
         self.rank, self.world = rank, world
         params = [module.get_parameter(n) for n in names]
         self.shapes = [p.shape for p in params]
+        self.padded_numel = sum(padded_rows(s[0], world) * s[1:].numel() for s in self.shapes)
         self.shards = [nn.Parameter(shard(p.detach(), rank, world), p.requires_grad)
                        for p in params]
         self.full = [nn.Parameter(torch.empty_like(p), p.requires_grad) for p in params]
@@ -121,19 +125,20 @@ class FullyShardedDP(nn.Module):
     # --8<-- [start:gather]
     @torch.no_grad()
     def _gather(self, unit: _Unit) -> None:
-        """All-gather the unit's padded shards into its full parameters (storage re-allocated)."""
+        """All-gather the unit's padded shards into one buffer, then copy each full parameter
+        out of it (storage re-allocated); the buffer is freed on return."""
         if unit.gathered:
             return
-        local = torch.cat([pad(s, shape[0], unit.world)
-                           for s, shape in zip(unit.shards, unit.shapes, strict=True)])
-        gathered = local.new_empty(local.numel() * unit.world)
-        dist.all_gather_single(gathered, local, group=unit.group)
+        gathered = unit.shards[0].new_empty(unit.world * unit.padded_numel)
+        mine = gathered.view(unit.world, -1)[unit.rank]  # the input is this rank's slot
+        pad_into(unit.shards, unit.shapes, unit.world, mine)
+        dist.all_gather_single(gathered, mine, group=unit.group)
         self.bytes["all_gather"] += gathered.numel() * gathered.element_size()
-        for full, value in zip(unit.full, unshard(gathered, unit.shapes, unit.world), strict=True):
+        for full in unit.full:
             _alloc(full)
-            # Autograd saved ``full`` in forward: refilling it must not count as a change.
-            with torch.autograd._unsafe_preserve_version_counter(full):
-                full.copy_(value)
+        # Autograd saved the full parameters in forward: refilling them is not a change.
+        with torch.autograd._unsafe_preserve_version_counter(tuple(unit.full)):
+            unshard_into(gathered, unit.full, unit.world)
         unit.gathered = True
     # --8<-- [end:gather]
 
@@ -172,16 +177,18 @@ class FullyShardedDP(nn.Module):
             self._post_backward(unit)
 
     def _post_backward(self, unit: _Unit) -> None:
-        """The unit's backward is done: reduce-scatter its gradients (unless sync is off, when
-        the full gradients stay to accumulate) and free its full parameters, as ``fully_shard``
-        does in either case."""
+        """The unit's backward is done: free its full parameters, as ``fully_shard`` does in
+        either case, then reduce-scatter its gradients (unless sync is off, when the full
+        gradients stay to accumulate).  Freeing first, as ``post_backward`` does, keeps the
+        full parameters out of the reduce-scatter's memory."""
+        self._reshard(unit)
         if self.requires_gradient_sync:
             self._reduce_unit(unit)
-        self._reshard(unit)
         unit.waiting = set()
 
     def _reduce_unit(self, unit: _Unit) -> None:
-        """Reduce-scatter the unit's full gradients into its shards' ``.grad`` (then free them)."""
+        """Reduce-scatter the unit's full gradients into its shards' ``.grad``; the full
+        gradients are freed as soon as the message holds them."""
         present = [i for i, f in enumerate(unit.full) if f.grad is not None]
         if not present:
             return
@@ -201,6 +208,7 @@ class FullyShardedDP(nn.Module):
                        group) -> list[torch.Tensor]:
         """Averaged shards of ``grads``: FSDP2's shard-major message, one reduce-scatter."""
         message = shard_major(grads, self.world)
+        grads.clear()  # the message holds them now: free them before sending (foreach_reduce)
         row = message.new_empty(message.shape[1])
         dist.reduce_scatter_single(row, message.view(-1), op=dist.ReduceOp.AVG, group=group)
         self.bytes["reduce_scatter"] += message.numel() * message.element_size()

@@ -54,9 +54,17 @@ def pad(piece: torch.Tensor, rows: int, world_size: int) -> torch.Tensor:
 
 def shard_major(tensors: list[torch.Tensor], world_size: int) -> torch.Tensor:
     """FSDP2's reduce-scatter input: ``(N, S)``, row r = rank r's padded chunk of each tensor in
-    turn (equal to ``torch._chunk_cat(tensors, dim=0, num_chunks=N)``)."""
-    rows = [torch.cat([padded_shard(t, r, world_size) for t in tensors]) for r in range(world_size)]
-    return torch.stack(rows)
+    turn (equal to ``torch._chunk_cat(tensors, dim=0, num_chunks=N)``).  Written straight into
+    one message, as ``foreach_reduce_scatter_copy_in`` does: no per-rank copy on the way."""
+    sizes = [padded_rows(t.shape[0], world_size) * math.prod(t.shape[1:]) for t in tensors]
+    message = tensors[0].new_empty(world_size, sum(sizes))
+    for column, tensor in zip(message.split(sizes, dim=1), tensors, strict=True):
+        flat, step = tensor.reshape(-1), column.shape[1]
+        for rank in range(world_size):  # rank r's rows, then zeros up to the padded size
+            piece = flat[rank * step:(rank + 1) * step]  # shorter, or empty, at the end
+            column[rank, :piece.numel()].copy_(piece)
+            column[rank, piece.numel():].zero_()
+    return message
 
 
 def parameter_major(tensors: list[torch.Tensor], world_size: int) -> torch.Tensor:
@@ -82,12 +90,36 @@ def unshard(gathered: torch.Tensor, shapes: list[torch.Size],
     """Full tensors from an all-gather of every rank's padded shards (``(N * S,)``, shard-major):
     each rank's chunk of a tensor in rank order, padding dropped (``init_unsharded_param`` views
     the gathered rows at the parameter's size, so the padding rows at the end are left out)."""
-    per_rank = gathered.view(world_size, -1)
-    full = []
-    for index, shape in enumerate(shapes):
-        chunks = split_padded(per_rank, shapes, index, world_size)
-        full.append(chunks.reshape(-1, *shape[1:])[:shape[0]])
+    full = [gathered.new_empty(shape) for shape in shapes]
+    unshard_into(gathered, full, world_size)
     return full
+
+
+def unshard_into(gathered: torch.Tensor, full: list[torch.Tensor], world_size: int) -> None:
+    """``unshard`` written into ``full`` in place, a rank's chunk at a time: no temporary.
+
+    Rank r's rows start at element ``r * step`` of the flat tensor (only the last chunks are
+    short: ``shard_rows``), so each chunk is one copy."""
+    per_rank = gathered.view(world_size, -1)
+    shapes = [f.shape for f in full]
+    for index, out in enumerate(full):
+        chunks = split_padded(per_rank, shapes, index, world_size)
+        flat, step = out.view(-1), chunks.shape[1]
+        for rank in range(world_size):
+            piece = flat[rank * step:(rank + 1) * step]
+            piece.copy_(chunks[rank, :piece.numel()])
+
+
+def pad_into(shards: list[torch.Tensor], shapes: list[torch.Size], world_size: int,
+             row: torch.Tensor) -> None:
+    """Each shard into its padded slot of ``row`` (this rank's all-gather input), zeros after
+    it: ``all_gather_copy_in``'s copy, made straight into the all-gather's output."""
+    offset = 0
+    for piece, shape in zip(shards, shapes, strict=True):
+        size = padded_rows(shape[0], world_size) * math.prod(shape[1:])
+        row[offset:offset + piece.numel()].copy_(piece.reshape(-1))
+        row[offset + piece.numel():offset + size].zero_()
+        offset += size
 
 
 def split_padded(per_rank: torch.Tensor, shapes: list[torch.Size], index: int,
