@@ -82,10 +82,12 @@ def test_chapter06_timing_relations_are_read_and_flagged(tmp_path):
 
 
 def test_chapter11s_goals_are_judged_from_the_measured_ratios():
-    found = {"fsdp_step_ratio": 0.97, "zero1_step_ratio": 1.4, "peak_ratio_per_rank": [0.9, 1.1]}
+    found = {"fsdp_step_ratio": 0.97, "zero1_step_ratio": 1.4, "peak_ratio_per_rank": [0.9, 1.3],
+             "fake_group_peak_bytes": {"fsdp_ours": [110, 110], "fully_shard": [100, 100]}}
     goals = bench.sharding_goals(found)
     assert goals["fsdp_step_ratio"]["text"] == "met"
     assert goals["peak_ratio"] == {"value": 1.1, "goal": 1.0, "met": False, "text": "missed"}
+    assert goals["peak_ratio_gloo"] == {"value": 1.3, "goal": None, "met": None, "text": "no goal"}
     assert goals["zero1_step_ratio"]["met"] is None  # measured and shown, not judged
     assert "OFF: goal <= 1" in bench.sharding_table(found)
     assert "fsdp_step_ratio" in bench.sharding_table(found).splitlines()[0]

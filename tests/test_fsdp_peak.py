@@ -10,48 +10,21 @@ sight; those buffers are the same size for both, since both send the same messag
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
+from backstage.chapter11_bench import fake_group_peaks
+
 WORLD = 2
 KINDS = ("fsdp_ours", "fully_shard")
-
-
-def step_peaks(world: int, rank: int) -> dict:
-    """The profiler's peak while each is built and takes three steps, on the benchmark's
-    model, twice: everything it frees was allocated in sight of the profiler."""
-    import torch
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from backstage.chapter11_bench import build, stepper
-    from backstage.chapter11_probe import profiler_peak_bytes
-
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-    try:
-        g = torch.Generator().manual_seed(rank)
-        x, y = torch.randn(64, 64, generator=g), torch.randint(0, 10, (64,), generator=g)
-        def train(kind):
-            step = stepper(*build(kind, torch.device("cpu")), x, y)
-            for _ in range(3):  # from the second on, the optimizer's state is there too
-                step()
-
-        def measured(kind):
-            gc.collect()  # a wrapped model is a reference cycle: freed now, not in sight
-            return profiler_peak_bytes(lambda: train(kind))
-
-        return {kind: [measured(kind) for _ in range(2)] for kind in KINDS}
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
 def peaks():
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(step_peaks, WORLD, 0).result(timeout=600)
+        return pool.submit(fake_group_peaks, WORLD, 0).result(timeout=600)
 
 
 def test_the_measure_is_exact(peaks):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import re
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -175,27 +177,38 @@ def grading_seconds(root: Path = ROOT) -> dict[str, float]:
     return times
 
 
-SHARDING_GOALS = {"fsdp_step_ratio": 1.0, "zero1_step_ratio": None, "peak_ratio": 1.0}
+SHARDING_GOALS = {"fsdp_step_ratio": 1.0, "zero1_step_ratio": None, "peak_ratio": 1.0,
+                  "peak_ratio_gloo": None}
 
 
 def sharding_bench() -> dict:
     """Chapter 11's hand-written sharding against native on 2 CPU ranks: FullyShardedDP /
     fully_shard and ShardedOptimizer / ZeroRedundancyOptimizer step time, and FullyShardedDP /
-    fully_shard peak memory per rank (``backstage/chapter11_bench.py``)."""
+    fully_shard peak memory per rank, on the gloo ranks and, exactly, on a fake process group
+    (``backstage/chapter11_bench.py``)."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from backstage import chapter11_bench
     from ddplab.run.launch import launch
 
     args = argparse.Namespace(world_size=2, backend="gloo", device="cpu", quick=True, seed=0,
                               timeout=300.0, replot=False, out=Path(tempfile.gettempdir()))
-    return launch(chapter11_bench.bench_worker, args).result
+    found = launch(chapter11_bench.bench_worker, args).result
+    # A fresh process: the fake group is its default group.
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        found["fake_group_peak_bytes"] = pool.submit(chapter11_bench.fake_group_peaks).result(
+            timeout=600)
+    return found
 
 
 def sharding_values(found: dict) -> dict[str, float]:
-    """The ratios the goals judge; the peak ratio is the worst rank's."""
+    """The ratios the goals judge.  The peak ratio is the exact one, rank 0 of 2 on a fake
+    process group; the gloo ranks' (the worst rank's) is shown beside it, with no goal: the
+    profiler misses frees on gloo's worker thread (``chapter11_bench``'s docstring)."""
+    exact = found["fake_group_peak_bytes"]
     return {"fsdp_step_ratio": found["fsdp_step_ratio"],
             "zero1_step_ratio": found["zero1_step_ratio"],
-            "peak_ratio": max(found["peak_ratio_per_rank"])}
+            "peak_ratio": exact["fsdp_ours"][0] / exact["fully_shard"][0],
+            "peak_ratio_gloo": max(found["peak_ratio_per_rank"])}
 
 
 def ratios_of_medians(found: dict) -> dict[str, float]:
