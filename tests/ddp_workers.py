@@ -262,8 +262,7 @@ class ReverseOrderLayout(BucketedDDP):
 
     def __init__(self, module: nn.Module):
         super().__init__(module, 0.001)
-        self._use_layout(assign_buckets(self.params, self.caps[1]))
-        self._rebuilt = True
+        self.use_layout(assign_buckets(self.params, self.caps[1]), keep=True)
 
 
 def bitwise_cases(ctx, args) -> dict:
