@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ddplab import BucketedDDP, NaiveDDP
 from ddplab.bucketed_ddp import assign_buckets, native_buffer_sync
+from ddplab.ranks import max_over_ranks
 from ddplab.timeline import Timeline
 
 
@@ -108,12 +109,6 @@ def max_diff(a: nn.Module, b: nn.Module, what: str = "state") -> float:
     else:
         pairs = list(zip(a.state_dict().values(), b.state_dict().values(), strict=True))
     return max(((x.double() - y.double()).abs().max().item() for x, y in pairs), default=0.0)
-
-
-def max_over_ranks(value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 class Wide(nn.Sequential):

@@ -132,8 +132,12 @@ def progress_lines(iterable: Iterable, desc: str, total: int | None, stream: Tex
         print(f"{desc}: {done} done, {time.monotonic() - start:.0f} s", file=stream, flush=True)
 
 
-def max_over_ranks(values: torch.Tensor) -> torch.Tensor:
-    """Element-wise maximum over all ranks (collective), back on the CPU."""
+def max_over_ranks(values: torch.Tensor | float) -> torch.Tensor | float:
+    """Element-wise maximum over all ranks (collective), back on the CPU; given a number, the
+    largest number (sent as float64: no rounding).  On nccl the tensor travels through this
+    rank's GPU."""
+    if not isinstance(values, torch.Tensor):
+        return max_over_ranks(torch.tensor([values], dtype=torch.float64)).item()
     values = values.to(collective_device())
     dist.all_reduce(values, op=dist.ReduceOp.MAX)
     return values.cpu()
