@@ -28,7 +28,8 @@ import torch.distributed as dist
 from torch import nn
 
 import ddplab
-from ddplab.replot import draw_figures, replot, write_figure_data
+from ddplab.chapter_main import run_chapter
+from ddplab.replot import write_figure_data
 from figures import chapter01 as drawing
 
 CHAPTER = 1
@@ -169,26 +170,23 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.draw)
-        return None
-    run = ddplab.launch(worker, args)
-    if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
-        return None
+def finish(args, run: ddplab.Run) -> dict:
+    """results.json: the ranks' numbers; the replicas' weights go to replicas.json."""
     result = run.result
-    with ddplab.chapter_output(args.out, CHAPTER) as out:
-        metrics = {**result, "replicas": {name: {"max_abs_diff": r["max_abs_diff"]}
-                                          for name, r in result["replicas"].items()}}
-        ddplab.write_results(out, CHAPTER, metrics, run.provenance)
-        write_figure_data(out, "replicas.json",  # the weights replicas.png draws
-                          {name: r["weights"] for name, r in result["replicas"].items()})
-        drawn = draw_figures(out, drawing.draw)
-    print(summarize(result))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(drawn)}, replicas.json, "
-          "results.json}")
-    return metrics
+    return {**result, "replicas": {name: {"max_abs_diff": r["max_abs_diff"]}
+                                   for name, r in result["replicas"].items()}}
+
+
+def replica_weights(folder, metrics: dict, run: ddplab.Run) -> list[str]:
+    write_figure_data(folder, "replicas.json",  # the weights replicas.png draws
+                      {name: r["weights"] for name, r in run.result["replicas"].items()})
+    return ["replicas.json"]
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return run_chapter(CHAPTER, parse_args(argv), worker, finish=finish, draw=drawing.draw,
+                       extras=replica_weights,
+                       summarize=lambda metrics, run: summarize(run.result))
 
 
 if __name__ == "__main__":

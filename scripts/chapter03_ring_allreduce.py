@@ -34,16 +34,16 @@ import torch
 import torch.distributed as dist
 
 import ddplab
+from ddplab import ring_report as report
 from ddplab import timing
+from ddplab.chapter_main import run_chapter, the_folder
 from ddplab.devices import gpu_count
 from ddplab.fitting import non_negative_lstsq, weighted_r2
 from ddplab.ranks import point_to_point_context
-from ddplab.replot import draw_figures, replot, write_figure_data
+from ddplab.replot import write_figure_data
 from ddplab.ring import SEGMENT_BYTES, RingStep, naive_all_reduce, ring_all_reduce
-from ddplab.ring_report import correctness_summary, goals, per_call_costs, stall_summary, verdicts
-from ddplab.ring_report import summarize as summary_with
+from ddplab.ring_report import label_bytes
 from figures import chapter03 as drawing
-from figures.chapter03 import bandwidth_text, label_bytes  # the figures' labels, in results too
 
 CHAPTER = 3
 KiB, MiB = 1 << 10, 1 << 20
@@ -332,20 +332,20 @@ def analyse(result: dict, world: int) -> dict:
                      "time_ms": {name: times[name][0] for name in times},
                      "ratio_ring_to_native_time": times["ring"][0] / times["native"][0],
                      "ratio_ring_to_native_median": medians["ring"][0] / medians["native"][0]},
-        "stalls": stall_summary(sizes, result),
+        "stalls": report.stall_summary(sizes, result),
         "size_check_us": result["size_check"]["check"] * 1e3,
         "size_check_all_reduce_us": result["size_check"]["all_reduce"] * 1e3,
         "size_check_share_of_alpha": 1 / (2 * (world - 1)) if world > 1 else None,
         "gamma_gbps": 1e-9 / result["gamma_s_per_byte"],
-        "correctness": correctness_summary(result["correctness"], world),
+        "correctness": report.correctness_summary(result["correctness"], world),
         "segments": segment_summary(result["segments"], result["times_ms"], world),
     }
     if world == 1:
         metrics["one_rank"] = ONE_RANK
         return metrics
-    metrics["per_call"] = per_call_costs(fits["ring"], metrics["segments"], world)
-    metrics["goals"] = goals(metrics)
-    metrics["verdicts"] = verdicts(metrics, label_bytes)  # the page's comparisons, computed
+    metrics["per_call"] = report.per_call_costs(fits["ring"], metrics["segments"], world)
+    metrics["goals"] = report.goals(metrics)
+    metrics["verdicts"] = report.verdicts(metrics)  # the page's comparisons, computed
     return metrics
 
 
@@ -406,41 +406,36 @@ def world_size_sweep(args, main_world: int, main_result: dict,
 
 # --- main -----------------------------------------------------------------------------------------
 
-# the run on one screen, with the figures' own labels
-summarize = partial(summary_with, label_bytes=label_bytes, bandwidth_text=bandwidth_text)
-
-
 def parse_args(argv: list[str] | None = None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter03_ring_allreduce.py")
     return ddplab.parse_chapter_args(parser, argv)
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.draw)
-        return None
-    run = ddplab.launch(worker, args)
-    if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
-        return None
+def finish(args, run: ddplab.Run) -> dict:
+    """results.json: the fits and verdicts, and the world-size sweep when this process started
+    the ranks.  The trace drawn is the largest world size's."""
     world = run.provenance["world_size"]
     metrics = analyse(run.result, world)
-    trace = run.result["trace"]
     if run.provenance["launcher"] == "torchrun":
         note = "skipped under torchrun: the sweep starts its own ranks (run without torchrun)"
         print(f"note: world-size sweep {note}")
         metrics["scaling"] = {"skipped": note}
     else:
-        metrics["scaling"], trace = world_size_sweep(args, world, run.result,
-                                                     run.provenance["backend"])
-    metrics["trace_world_size"] = len(trace)
-    with ddplab.chapter_output(args.out, CHAPTER) as out:
-        ddplab.write_results(out, CHAPTER, metrics, run.provenance)
-        write_figure_data(out, "ring_steps.json", trace)  # every rank's chunks after each step
-        draw_figures(out, drawing.draw)
-    print(summarize(metrics))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/")
+        metrics["scaling"], run.result["trace"] = world_size_sweep(args, world, run.result,
+                                                                   run.provenance["backend"])
+    metrics["trace_world_size"] = len(run.result["trace"])
     return metrics
+
+
+def ring_steps(folder, metrics: dict, run: ddplab.Run) -> list[str]:
+    write_figure_data(folder, "ring_steps.json", run.result["trace"])  # every rank's chunks
+    return ["ring_steps.json"]                                           # after each step
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return run_chapter(CHAPTER, parse_args(argv), worker, finish=finish, draw=drawing.draw,
+                       extras=ring_steps, summarize=lambda metrics, run: report.summarize(metrics),
+                       wrote=the_folder)
 
 
 if __name__ == "__main__":

@@ -36,8 +36,8 @@ import ddplab
 from ddplab import BucketedDDP, timing
 from ddplab.bucket_sweep_report import sweep_verdict
 from ddplab.bucketed_ddp import MiB, assign_buckets
+from ddplab.chapter_main import run_chapter
 from ddplab.models import ResidualMLP, make_clusters
-from ddplab.replot import draw_figures, replot
 from ddplab.timeline import Event, Timeline, gather_events, write_chrome_trace
 from figures import chapter04 as drawing
 
@@ -426,24 +426,16 @@ def parse_args(argv: list[str] | None = None):
     return ddplab.parse_chapter_args(parser, argv)
 
 
+def overlap_trace(folder, metrics: dict, run: ddplab.Run) -> list[str]:
+    write_chrome_trace(folder / "overlap_trace.json",
+                       [Event(**e) for e in metrics["overlap"]["timelines"]["overlap"]])
+    return ["overlap_trace.json"]
+
+
 def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.draw)
-        return None
-    run = ddplab.launch(worker, args)
-    if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
-        return None
-    result = run.result
-    with ddplab.chapter_output(args.out, CHAPTER) as out:
-        ddplab.write_results(out, CHAPTER, result, run.provenance)
-        write_chrome_trace(out / "overlap_trace.json",
-                           [Event(**e) for e in result["overlap"]["timelines"]["overlap"]])
-        draw_figures(out, drawing.draw)
-    print(summarize(result, run.provenance))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{hooks.png, ready_order.png, "
-          "overlap.png, bucket_sweep.png, overlap_trace.json, results.json}")
-    return result
+    return run_chapter(CHAPTER, parse_args(argv), worker, finish=lambda args, run: run.result,
+                       extras=overlap_trace, draw=drawing.draw,
+                       summarize=lambda metrics, run: summarize(metrics, run.provenance))
 
 
 if __name__ == "__main__":

@@ -38,10 +38,10 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 import ddplab
 from ddplab import BucketedDDP, NaiveDDP
 from ddplab import data_parallel_report as report
+from ddplab.chapter_main import run_chapter
 from ddplab.memory import PeakMemory
 from ddplab.models import ResidualMLP, make_clusters
 from ddplab.ranks import max_over_ranks, mean_over_ranks
-from ddplab.replot import draw_figures, replot
 from ddplab.variant_timing import rank_batches, time_variants, why_naive_is_slower
 from ddplab.world_size_sweep import sweep_world_sizes
 from figures import chapter05 as drawing
@@ -419,26 +419,21 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.draw)
-        return None
-    run = ddplab.launch(worker, args)
-    if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
-        return None
+def finish(args, run: ddplab.Run) -> dict:
+    """Rank 0's result, then the runs it needs apart: memory, the world-size sweep."""
     result = run.result
     result.update(measure_memory(args, run, result))
     result["scaling"] = sweep_world_sizes(args, run, result, throughput_worker, SWEPT,
                                           SIZES[args.size].batch)
     result["sharding"] = sharding_demo()
     result["verdicts"] = report.verdicts(result)  # the page's comparisons, computed
-    with ddplab.chapter_output(args.out, CHAPTER) as out:
-        ddplab.write_results(out, CHAPTER, result, run.provenance)
-        names = draw_figures(out, drawing.draw)
-    print(report.summarize(result, run.provenance, drawing.LABELS, VARIANTS, MEMORY_VARIANTS))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(names)}, results.json}}")
     return result
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return run_chapter(CHAPTER, parse_args(argv), worker, finish=finish, draw=drawing.draw,
+                       summarize=lambda result, run: report.summarize(
+                           result, run.provenance, VARIANTS, MEMORY_VARIANTS))
 
 
 if __name__ == "__main__":

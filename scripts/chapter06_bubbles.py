@@ -41,7 +41,7 @@ import ddplab
 from ddplab import bubble_bench, hangs, stragglers, timeline
 from ddplab import bubble_report as report
 from ddplab.bubble_bench import mlp, native_ddp, rank_batch, record_timeline, sgd, wrapped
-from ddplab.replot import draw_figures, replot
+from ddplab.chapter_main import run_chapter
 from ddplab.syncbn_study import batchnorm_vs_syncbn, syncbn_timeline
 from ddplab.timing import compare, median, slowest_rank, synchronize
 from figures import chapter06 as drawing
@@ -413,31 +413,35 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
 
 def parse_args(argv: list[str] | None = None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter06_bubbles.py")
-    report.add_flags(parser, DELAYS)
+    parser.add_argument("--delays", default=None, metavar="MS,MS,...",
+                        help="delays to inject on the late rank, in ms (default: "
+                             f"{','.join(map(str, DELAYS['full']))}; with --quick "
+                             f"{','.join(map(str, DELAYS['quick']))})")
+    parser.add_argument("--slow-rank", type=int, default=None, metavar="R",
+                        help="which rank is late (default: the last one)")
     return report.checked_args(ddplab.parse_chapter_args(parser, argv), DELAYS)
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.draw)
-        return None
-    run = ddplab.launch(worker, args)
-    if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
-        return None
-    result = run.result
+def finish(args, run: ddplab.Run) -> dict:
+    """results.json from rank 0's result and the two hang demonstrations (their own jobs)."""
     hung = {name: hangs.run_hang_demo(demo, args, HANG_TIMEOUT_S)
             for name, demo in HANG_DEMOS.items()}
-    with ddplab.chapter_output(args.out, CHAPTER) as out:
-        traces = bubble_bench.write_traces(out, result)
-        metrics = report.chapter_metrics(result, hung, args.delays, run.provenance, traces,
-                                         EXPECTED_SLOPE, BUBBLE_DELAY_MS)
-        ddplab.write_results(out, CHAPTER, metrics, run.provenance)
-        figures = draw_figures(out, drawing.draw)
-    print(report.summarize(metrics, EXPECTED_SLOPE))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/ ({len(figures)} figures, "
-          f"{len(traces)} traces, results.json); open the traces at https://ui.perfetto.dev")
-    return metrics
+    return report.chapter_metrics(run.result, hung, args.delays, run.provenance,
+                                  list(bubble_bench.traces(run.result)), EXPECTED_SLOPE,
+                                  BUBBLE_DELAY_MS)
+
+
+def wrote(folder, figures: list[str], traces: list[str]) -> str:
+    return (f"wrote {folder}/ ({len(figures)} figures, {len(traces)} traces, results.json); "
+            "open the traces at https://ui.perfetto.dev")
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return run_chapter(CHAPTER, parse_args(argv), worker, finish=finish, draw=drawing.draw,
+                       extras=lambda folder, metrics, run: bubble_bench.write_traces(
+                           folder, run.result),
+                       summarize=lambda metrics, run: report.summarize(metrics, EXPECTED_SLOPE),
+                       wrote=wrote)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ files beside it (scripts/figures/chapter07.py).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -50,8 +49,9 @@ from ddplab import checkpoint_dcp as dcpck
 from ddplab import checkpoint_pitfalls as pitfalls
 from ddplab import checkpoint_report as report
 from ddplab import torchrun_restart
+from ddplab.chapter_main import figures_only, run_chapter
 from ddplab.checkpoint_pitfalls import max_abs_diff
-from ddplab.replot import replot
+from ddplab.cli import with_changes
 from ddplab.timing import slowest_rank
 from ddplab.torchrun_restart import EventLog, restart_count
 from figures import chapter07 as drawing
@@ -290,7 +290,6 @@ def start_position(resumed: dict | None, job: Job) -> tuple[int, int, int]:
 
 
 # --- what each launch runs ----------------------------------------------------------------------
-# The pitfalls, each with the error it really gives: scripts/ddplab/checkpoint_pitfalls.py.
 
 def config(args) -> Config:
     return QUICK if args.quick else FULL
@@ -372,28 +371,34 @@ def worker(ctx: ddplab.RankContext, args):
 
 
 def launch(args, stage: str, **changes):
-    return ddplab.launch(worker, argparse.Namespace(**{**vars(args), "stage": stage, **changes}))
+    return ddplab.launch(worker, with_changes(args, stage=stage, **changes))
 
 
 # --- the launching process: run every part, then report ---------------------------------------
-# torchrun --max-restarts 1 and the runs' event logs: scripts/ddplab/torchrun_restart.py.
-# Flags, work directory, results.json and the summary: scripts/ddplab/checkpoint_report.py.
 
-def run_chapter(args, work: Path) -> dict:
+def start(args) -> ddplab.Run | None:
+    """Every part's runs; None when only training (--train), or in a non-zero rank."""
+    with report.checkpoint_directory_lock(args):  # one run at a time per --ckpt-dir
+        if args.train:  # one run, checkpoints in --ckpt-dir; rank 0 leaves final.pt there
+            return report.write_final(launch(args, "train"), Path(args.ckpt_dir))
+        with report.work_directory_for(args) as work:  # removed at the end unless --ckpt-dir
+            return run_every_part(args, work)
+
+
+def run_every_part(args, work: Path) -> ddplab.Run | None:
     cfg = config(args)
     run = launch(args, "reference", work=str(work))
     if run is None:
-        return {}
+        return None
     reference, provenance = run.result, run.provenance
     ref_params = reference["params"]
     smaller = make_model(cfg, hidden=cfg.hidden // 2)  # a checkpoint of another model
     metrics = report.reference_metrics(asdict(cfg), reference, work, provenance["world_size"],
                                        smaller)  # with the bad-input and atomic-save demos
     curves = {"uninterrupted": reference["losses"]}
-
     if provenance["launcher"] == "torchrun":
         report.skip_under_torchrun(metrics)
-        return {"metrics": metrics, "curves": curves, "provenance": provenance}
+        return ddplab.Run({"metrics": metrics, "curves": curves}, provenance)
 
     # Crash (rank N-1 raises at cfg.crash_at), then a new launch resumes from the checkpoint.
     try:
@@ -407,43 +412,38 @@ def run_chapter(args, work: Path) -> dict:
     resumed_dcp = launch(args, "resume_dcp", work=str(work)).result
     restart = torchrun_restart.run_torchrun_restart(args, SCRIPT, cfg.crash_at, work)
     # 3 ranks, where the order of a sum matters (gloo on CPU unless there are 3 GPUs)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    metrics["buckets"] = launch(args, "buckets", work=str(work), world_size=3,
-                                backend=args.backend if gpus >= 3 else "gloo").result
-
+    metrics["buckets"] = launch(args, "buckets", work=str(work), world_size=3, backend=(
+        args.backend if torch.cuda.device_count() >= 3 else "gloo")).result
     metrics.update(report.resumed_metrics(metrics["dcp"], resumed, resumed_dcp, crash_error,
                                           ref_params))
     metrics["restart"] = torchrun_restart.restart_metrics(restart, ref_params)
     metrics["pitfalls"].update(pitfalls.forgetful_resumes(resumed, reference, ref_params))
     curves.update(report.resume_curves(crash_log, resumed, resumed_dcp, restart["log"]))
-    return {"metrics": metrics, "curves": curves, "provenance": provenance, "restart": restart,
-            "checkpoint_at": resumed["resumed_from"], "crash_at": cfg.crash_at}
+    return ddplab.Run({"metrics": metrics, "curves": curves, "restart": restart}, provenance)
 
 
 def parse_args(argv: list[str] | None = None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter07_checkpointing.py")
-    report.add_arguments(parser)  # --ckpt-dir, --train, --crash-at-step, --crash-how
+    parser.add_argument("--ckpt-dir", type=Path, default=None, metavar="DIR",
+                        help="where checkpoints go (default: a temporary directory, removed at "
+                             "the end; with --train: required)")
+    parser.add_argument("--train", action="store_true",
+                        help="only train (resuming from --ckpt-dir if it has a checkpoint)")
+    parser.add_argument("--crash-at-step", type=int, default=None, metavar="K",
+                        help="with --train: the last rank dies at step K (first attempt only)")
+    parser.add_argument("--crash-how", choices=("raise", "kill"), default="raise",
+                        help="raise an exception, or SIGKILL the process (default: raise)")
     args = ddplab.parse_chapter_args(parser, argv)
     report.check_args(args, config(args).steps)
     return args
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.draw)
-        return None
-    with report.checkpoint_directory_lock(args):  # one run at a time per --ckpt-dir
-        if args.train:  # one run, checkpoints in --ckpt-dir; rank 0 leaves final.pt there
-            run = launch(args, "train")
-            return None if run is None else report.write_final(run, Path(args.ckpt_dir))
-        with report.work_directory_for(args) as work:  # removed at the end unless --ckpt-dir
-            parts = run_chapter(args, work)
-    if not parts:  # a non-zero rank under torchrun
-        return None
-    metrics = parts["metrics"]
-    report.write_outputs(args.out, CHAPTER, parts, drawing.draw)
-    return metrics
+    return run_chapter(CHAPTER, parse_args(argv), start=start,
+                       finish=lambda args, run: run.result["metrics"],
+                       extras=report.write_figure_files, draw=drawing.draw,
+                       summarize=lambda metrics, run: report.summarize(metrics),
+                       wrote=figures_only)
 
 
 if __name__ == "__main__":

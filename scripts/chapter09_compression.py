@@ -35,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import ddplab
 from ddplab import BucketedDDP
+from ddplab.chapter_main import run_chapter
 from ddplab.comm_hooks import HookBucket, bf16_hook, count_bytes, fp16_hook
 from ddplab.costmodel import chapter03_calibration
 from ddplab.hook_cost import prediction, where_it_pays
@@ -43,7 +44,6 @@ from ddplab.models import ResidualMLP, make_clusters
 from ddplab.powersgd import PowerSGDState, powersgd_hook
 from ddplab.precision import mixed_precision_for
 from ddplab.ranks import max_over_ranks
-from ddplab.replot import draw_figures, replot
 from figures import chapter09 as drawing
 
 CHAPTER = 9
@@ -404,14 +404,8 @@ def parse_args(argv: list[str] | None = None) -> Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.draw)
-        return None
-    run = ddplab.launch(worker, args)
-    if run is None:
-        return None
+def finish(args, run: ddplab.Run) -> dict:
+    """Rank 0's result, the world-size sweep (run here), and what chapter 03's model predicts."""
     result = run.result
     sweep = {result["world_size"]: result["training"]}
     if not started_by_torchrun():
@@ -433,12 +427,12 @@ def main(argv: list[str] | None = None) -> dict | None:
         result["prediction"] = prediction(result["hooks"], result["world_size"], model)
         result["where_it_pays"] = where_it_pays(result["hooks"], result["parameters"],
                                                 world=8, loopback=model, rank=RANK)
-    with ddplab.chapter_output(args.out, CHAPTER) as out:
-        ddplab.write_results(out, CHAPTER, result, run.provenance)
-        names = draw_figures(out, drawing.draw)
-    print(summarize(result))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(names)}, results.json}}")
     return result
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return run_chapter(CHAPTER, parse_args(argv), worker, finish=finish, draw=drawing.draw,
+                       summarize=lambda result, run: summarize(result))
 
 
 if __name__ == "__main__":

@@ -47,10 +47,10 @@ from ddplab import FullyShardedDP, ShardedOptimizer, costmodel
 from ddplab import memory_ledger as ml
 from ddplab import sharding_probe as probe
 from ddplab import sharding_report as report
+from ddplab.chapter_main import run_chapter
 from ddplab.fsdp import clip_grad_norm_
 from ddplab.fsdp_layout import parameter_major, shard
 from ddplab.ranks import point_to_point_context
-from ddplab.replot import draw_figures, replot
 from ddplab.ring_halves import ring_all_gather, ring_reduce_scatter
 from ddplab.zero2 import ShardedGradients
 from figures import chapter11 as drawing
@@ -413,24 +413,18 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:
-        replot(args.out, CHAPTER, drawing.draw)
-        return None
-    run = ddplab.launch(worker, args)
-    if run is None:
-        return None
+def finish(args, run: ddplab.Run) -> dict:
+    """Rank 0's result, the 2 -> 3 reload (its own launches), the cost model and the verdicts."""
     result = run.result
     result["reshard"] = probe.save_then_continue(args, run, dcp_save, dcp_continue)
     result["cost_model"] = report.cost_model(costmodel)
     result["verdicts"] = report.verdicts(result, run.provenance["backend"])
-    with ddplab.chapter_output(args.out, CHAPTER) as out:
-        ddplab.write_results(out, CHAPTER, result, run.provenance)
-        names = draw_figures(out, drawing.draw)
-    print(report.summarize(result, run.provenance))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(names)}, results.json}}")
     return result
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return run_chapter(CHAPTER, parse_args(argv), worker, finish=finish, draw=drawing.draw,
+                       summarize=lambda result, run: report.summarize(result, run.provenance))
 
 
 if __name__ == "__main__":

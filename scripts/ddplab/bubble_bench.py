@@ -125,17 +125,23 @@ def profiler_traces(ctx, train_step, steps: int = 2) -> list[str] | None:
     return traces
 
 
-def write_traces(out: Path, result: dict) -> list[str]:
+def traces(result: dict) -> dict[str, list | str]:
+    """The run's trace files by name: Chrome/Perfetto events, and on GPUs the profiler's text."""
     def with_idle(events):
         return events + stragglers.idle_events(events)
     files = {"trace_native_ddp.json": with_idle(result["timelines"]["native"]),
              "trace_bucketed_ddp.json": result["timelines"]["bucketed"],
              "trace_straggler.json": with_idle(result["bubble"])}
-    for name, events in files.items():
-        timeline.write_chrome_trace(out / name, events)
-    names = list(files)
     for rank, trace in enumerate(result.get("profiler_traces", [])):
-        name = f"profiler_rank{rank}.json"
-        (out / name).write_text(trace)
-        names.append(name)
-    return names
+        files[f"profiler_rank{rank}.json"] = trace
+    return files
+
+
+def write_traces(out: Path, result: dict) -> list[str]:
+    files = traces(result)
+    for name, trace in files.items():
+        if isinstance(trace, str):
+            (out / name).write_text(trace)
+        else:
+            timeline.write_chrome_trace(out / name, trace)
+    return list(files)

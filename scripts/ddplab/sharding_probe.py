@@ -30,7 +30,7 @@ from .memory_ledger import (
     zero2_ledger,
     zero3_ledger,
 )
-from .ranks import collective_device
+from .ranks import max_over_ranks
 
 WRAPPED = {"all_gather": "all_gather_single", "reduce_scatter": "reduce_scatter_single"}
 
@@ -193,9 +193,7 @@ def max_diff(xs, ys) -> float:
     """Largest |a - b| over pairs of tensors (DTensors: their local shards), over every rank."""
     worst = max(((local(a).double() - local(b).double()).abs().max().item()
                  for a, b in zip(xs, ys, strict=True) if local(a).numel()), default=0.0)
-    t = torch.tensor([worst], dtype=torch.float64, device=collective_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    return max_over_ranks(worst)
 
 
 def adam_state(model, optimizer):
@@ -219,17 +217,16 @@ def gradients_held_before_last(model: FullyShardedDP, x, y, micro: int, sync_eac
 def save_then_continue(args, run, save, resume) -> dict:
     """Launch ``save`` on 2 ranks, then ``resume`` on 3, with a checkpoint folder that is
     removed afterwards, whatever happens."""
-    import argparse
     import tempfile
     from pathlib import Path
 
+    from .cli import with_changes
     from .launch import launch
 
     if run.provenance["launcher"] == "torchrun":
         return {"skipped": "under torchrun the processes are the ranks: a script cannot start "
                            "other world sizes. Run it with python for the 2 -> 3 reload."}
     with tempfile.TemporaryDirectory(prefix="chapter11-dcp-") as folder:
-        given = {**vars(args), "checkpoint": Path(folder)}
-        saved = launch(save, argparse.Namespace(**{**given, "world_size": 2}))
-        loaded = launch(resume, argparse.Namespace(**{**given, "world_size": 3}))
+        saved = launch(save, with_changes(args, checkpoint=Path(folder), world_size=2))
+        loaded = launch(resume, with_changes(args, checkpoint=Path(folder), world_size=3))
     return {"saved_at": saved.result["world_size"], **loaded.result}
