@@ -23,7 +23,6 @@ files alone (scripts/figures/chapter03.py).
 
 from __future__ import annotations
 
-import copy
 import math
 import statistics
 import sys
@@ -37,6 +36,7 @@ import ddplab
 from ddplab import ring_report as report
 from ddplab import timing
 from ddplab.chapter_main import run_chapter, the_folder
+from ddplab.cli import with_changes
 from ddplab.devices import gpu_count
 from ddplab.fitting import non_negative_lstsq, weighted_r2
 from ddplab.ranks import point_to_point_context
@@ -394,9 +394,7 @@ def world_size_sweep(args, main_world: int, main_result: dict,
             i = main_result["sizes"].index(size)
             rows[world] = {name: ts[i] for name, ts in main_result["times_ms"].items()}
             continue
-        sub = copy.copy(args)
-        sub.world_size, sub.backend = world, backend
-        run = ddplab.launch(sweep_worker, sub)
+        run = ddplab.launch(sweep_worker, with_changes(args, world_size=world, backend=backend))
         rows[world] = run.result["times_ms"]
         traces[world] = run.result["trace"]
     scaling = {"size_bytes": size, "size_label": label_bytes(size), "world_sizes": list(rows),

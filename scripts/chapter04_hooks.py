@@ -37,12 +37,14 @@ from ddplab import BucketedDDP, timing
 from ddplab.bucket_sweep_report import sweep_verdict
 from ddplab.bucketed_ddp import MiB, assign_buckets
 from ddplab.chapter_main import run_chapter
-from ddplab.models import ResidualMLP, make_clusters
+from ddplab.models import ResidualMLP, make_clusters, sgd
+from ddplab.ranks import native_ddp
 from ddplab.timeline import Event, Timeline, gather_events, write_chrome_trace
 from figures import chapter04 as drawing
 
 CHAPTER = 4
 BATCH = 128  # samples per rank per step
+LR, MOMENTUM = 0.05, 0.9
 SWEEP_CAPS_MB = (0.25, 0.5, 1, 2, 4, 8, 16, 32, 100)
 QUICK_SWEEP_CAPS_MB = (0.25, 1, 4, 32)
 
@@ -201,14 +203,10 @@ def timed_step(ddp: BucketedDDP, optimizer, x, y, timeline: Timeline) -> None:
 # --8<-- [end:timed_step]
 
 
-def sgd(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
-
 def median_step_timeline(ctx, ddp: BucketedDDP, timeline: Timeline, batches,
                          steps: int) -> list[Event] | None:
     """Record ``steps`` steps; return (on rank 0) every rank's events of the median step."""
-    optimizer = sgd(ddp)
+    optimizer = sgd(ddp, LR, MOMENTUM)
     recorded = []
     for i in range(steps + 2):  # the first two: warm-up
         timing.synchronize(ctx.device)
@@ -270,7 +268,7 @@ def overlap_study(ctx, args) -> dict:
     variants = {
         "overlap": BucketedDDP(copy.deepcopy(model), args.bucket_cap_mb),
         "no_overlap": BucketedDDP(copy.deepcopy(model), args.bucket_cap_mb, overlap=False),
-        "native": native_ddp(copy.deepcopy(model), ctx, args.bucket_cap_mb),
+        "native": native_ddp(copy.deepcopy(model), ctx, bucket_cap_mb=args.bucket_cap_mb),
     }
     result["step_time_ms"] = ms = median_step_times(ctx, variants, batches,
                                                     rounds=8 if ctx.quick else 40,
@@ -295,17 +293,12 @@ def phase_durations(events: list[Event] | None) -> dict[str, dict[str, float]] |
     return result
 
 
-def native_ddp(model: nn.Module, ctx, cap_mb: float) -> DistributedDataParallel:
-    gpu = [ctx.local_rank] if ctx.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=gpu, bucket_cap_mb=cap_mb)
-
-
 def median_step_times(ctx, variants: dict[str, nn.Module], batches, rounds: int,
                       desc: str) -> dict[str, float]:
     """Median step time (ms, slowest rank) of each wrapped model, interleaved and shuffled."""
     steps = {}
     for name, ddp in variants.items():
-        optimizer, counter = sgd(ddp), iter(range(10**9))
+        optimizer, counter = sgd(ddp, LR, MOMENTUM), iter(range(10**9))
 
         def step(ddp=ddp, optimizer=optimizer, counter=counter):
             x, y = batches[next(counter) % len(batches)]
@@ -330,7 +323,7 @@ def bucket_sweep(ctx, args) -> dict:
     variants = {"local": copy.deepcopy(model)}  # no communication at all: the floor
     for cap in caps:
         variants[f"bucketed {cap:g}"] = BucketedDDP(copy.deepcopy(model), cap)
-        variants[f"native {cap:g}"] = native_ddp(copy.deepcopy(model), ctx, cap)
+        variants[f"native {cap:g}"] = native_ddp(copy.deepcopy(model), ctx, bucket_cap_mb=cap)
     ms = median_step_times(ctx, variants, batches, rounds=6 if ctx.quick else 25,
                            desc=f"bucket-size sweep ({len(variants)} variants)")
     points = [{"bucket_cap_mb": cap,
@@ -375,8 +368,7 @@ def default_cap_layouts(ctx, model: nn.Module, batches) -> dict:
     passes explicit caps only, and None is not the same as 25 (a 1 MiB first bucket)."""
     layouts = {}
     for name, cap in (("native_default", None), ("native_cap_25", 25.0)):
-        gpu = [ctx.local_rank] if ctx.device.type == "cuda" else None
-        ddp = DistributedDataParallel(copy.deepcopy(model), device_ids=gpu, bucket_cap_mb=cap)
+        ddp = native_ddp(copy.deepcopy(model), ctx, bucket_cap_mb=cap)
         for x, y in batches[:3]:  # the rebuild happens at the start of the second iteration
             F.cross_entropy(ddp(x), y).backward()
         for when, key in (("first_iteration", "bucket_sizes"), ("rebuilt", "rebuilt_bucket_sizes")):

@@ -44,11 +44,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
 import ddplab
-from ddplab import checkpoint as ck
-from ddplab import checkpoint_dcp as dcpck
+from ddplab import checkpoint, checkpoint_dcp, torchrun_restart
 from ddplab import checkpoint_pitfalls as pitfalls
 from ddplab import checkpoint_report as report
-from ddplab import torchrun_restart
 from ddplab.chapter_main import figures_only, run_chapter
 from ddplab.checkpoint_pitfalls import max_abs_diff
 from ddplab.cli import with_changes
@@ -121,7 +119,7 @@ def build(ctx: ddplab.RankContext, cfg: Config, job: Job):
     torch.manual_seed(ctx.seed + 1 + ctx.rank)  # dropout: each rank draws its own masks
 
     data = make_dataset(cfg, ctx.seed)
-    sampler = ck.ResumableSampler(data, num_replicas=ctx.world_size, rank=ctx.rank,
+    sampler = checkpoint.ResumableSampler(data, num_replicas=ctx.world_size, rank=ctx.rank,
                                   shuffle=True, seed=ctx.seed, drop_last=True)
     # iter(DataLoader) draws a seed from the *global* generator unless it has its own:
     # a resumed run starts iterating at another step, and that draw would shift dropout.
@@ -156,7 +154,7 @@ def training_state(ctx, cfg, model, optimizer, scheduler, step: int, epoch: int,
         "step": step,
         "epoch": epoch,  # with the sampler's seed, fixes the order of this epoch...
         "batch_in_epoch": batch,  # ...and how far into it we are
-        "rng": ck.gather_rng_states(ctx.device),  # one entry per rank
+        "rng": checkpoint.gather_rng_states(ctx.device),  # one entry per rank
         "run": run_settings(ctx, cfg),  # what the run depends on: a resume must match it
     }
 # --8<-- [end:state]
@@ -175,7 +173,8 @@ def save(ctx, cfg: Config, job: Job, model, optimizer, scheduler, position) -> d
         start = time.perf_counter()
         state = training_state(ctx, cfg, model, optimizer, scheduler, step, epoch, batch)
         collected = time.perf_counter()
-        report = ck.save_checkpoint(state, job.run_dir / "torch", step, keep_last=cfg.keep_last)
+        report = checkpoint.save_checkpoint(state, job.run_dir / "torch", step,
+                                            keep_last=cfg.keep_last)
         timings["torch"] = (time.perf_counter() - start) * 1e3
         if report is not None:
             timings["torch_phases"] = {"collect": (collected - start) * 1e3,  # incl. gather
@@ -185,7 +184,8 @@ def save(ctx, cfg: Config, job: Job, model, optimizer, scheduler, position) -> d
         start = time.perf_counter()
         extra = {"scheduler": scheduler.state_dict(), "step": step, "epoch": epoch,
                  "batch_in_epoch": batch, "run": json.dumps(run_settings(ctx, cfg))}
-        dcpck.save_distributed(job.run_dir / "dcp", step, model, optimizer, extra, cfg.keep_last)
+        checkpoint_dcp.save_distributed(job.run_dir / "dcp", step, model, optimizer, extra,
+                                        cfg.keep_last)
         timings["dcp"] = (time.perf_counter() - start) * 1e3
     return timings
 
@@ -196,7 +196,7 @@ def resume(ctx, cfg, job: Job, model, optimizer, scheduler, example) -> dict | N
 
     Rank 0 picks the checkpoint and tells the others, so that all ranks load the same one.
     """
-    path = dcpck.newest_checkpoint(job.run_dir / job.resume, job.resume)  # rank 0 picks
+    path = checkpoint_dcp.newest_checkpoint(job.run_dir / job.resume, job.resume)  # rank 0 picks
     if path is None:
         return None
     if job.forget != "buckets":
@@ -210,13 +210,13 @@ def resume(ctx, cfg, job: Job, model, optimizer, scheduler, example) -> dict | N
 
 
 def load_torch_save(ctx, cfg, job: Job, path: Path, model, optimizer, scheduler) -> dict:
-    state = ck.load_checkpoint(path)  # on the CPU; load_state_dict copies to the device
-    ck.check_same_run(state.get("run"), run_settings(ctx, cfg), path)  # same seed, model, ...
-    ck.load_model_state(model.module, state["model"], path)
+    state = checkpoint.load_checkpoint(path)  # on the CPU; load_state_dict copies to the device
+    checkpoint.check_same_run(state.get("run"), run_settings(ctx, cfg), path)  # same seed, ...
+    checkpoint.load_model_state(model.module, state["model"], path)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     if job.forget != "rng":
-        ck.restore_rng_states(state["rng"], ctx.device, path)
+        checkpoint.restore_rng_states(state["rng"], ctx.device, path)
     return state
 # --8<-- [end:resume]
 
@@ -224,8 +224,8 @@ def load_torch_save(ctx, cfg, job: Job, path: Path, model, optimizer, scheduler)
 def load_dcp(ctx, cfg, job: Job, path: Path, model, optimizer, scheduler) -> dict:
     template = {"scheduler": scheduler.state_dict(), "step": 0, "epoch": 0,
                 "batch_in_epoch": 0, "run": ""}
-    state = dcpck.load_distributed(path, model, optimizer, template)
-    ck.check_same_run(json.loads(state["run"]), run_settings(ctx, cfg), path)
+    state = checkpoint_dcp.load_distributed(path, model, optimizer, template)
+    checkpoint.check_same_run(json.loads(state["run"]), run_settings(ctx, cfg), path)
     scheduler.load_state_dict(state["scheduler"])
     return state
 

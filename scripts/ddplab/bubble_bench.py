@@ -15,14 +15,14 @@ shares:
 from __future__ import annotations
 
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import stragglers, timeline
+from . import models, ranks, stragglers, timeline
 from .bucketed_ddp import BucketedDDP
 from .ranks import RankContext
 
@@ -54,10 +54,9 @@ def rank_batch(ctx: RankContext, shape: tuple[int, ...], salt: int = 0):
     return x.to(ctx.device), y.to(ctx.device)
 
 
-def native_ddp(model: nn.Module, ctx: RankContext, **kwargs) -> DDP:
-    model = model.to(ctx.device)
-    ids = {"device_ids": [ctx.local_rank]} if ctx.device.type == "cuda" else {}
-    return DDP(model, bucket_cap_mb=BUCKET_MB, **ids, **kwargs)
+# Chapter 06's settings of the shared helpers: its bucket size, plain SGD at lr 0.01.
+native_ddp = partial(ranks.native_ddp, bucket_cap_mb=BUCKET_MB)
+sgd = partial(models.sgd, lr=0.01)
 
 
 def wrapped(kind: str, ctx: RankContext, tl: timeline.Timeline):
@@ -69,10 +68,6 @@ def wrapped(kind: str, ctx: RankContext, tl: timeline.Timeline):
     ddp = native_ddp(model, ctx)
     ddp.register_comm_hook(None, stragglers.timed_allreduce_hook(tl))
     return ddp
-
-
-def sgd(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=0.01)
 
 
 def record_timeline(ctx, model: nn.Module, tl: timeline.Timeline, x, y, train_step, *, steps: int,

@@ -22,10 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddplab import checkpoint as ck
-from ddplab import checkpoint_dcp as dcpck
+from ddplab import checkpoint, checkpoint_dcp, timing
 from ddplab import checkpoint_pitfalls as pitfalls
-from ddplab import timing
 from ddplab.checkpoint_pitfalls import max_abs_diff
 from ddplab.cli import UsageError
 from ddplab.launch import started_by_torchrun
@@ -136,7 +134,7 @@ def reference_metrics(config: dict, reference: dict, work: Path, world_size: int
     """results.json's first part: the uninterrupted run, what a save costs, the pitfalls, then
     what loading bad input says (``smaller``: a model the checkpoint does not fit) and the
     atomic-save demo."""
-    good = ck.latest_checkpoint(work / "reference" / "torch")
+    good = checkpoint.latest_checkpoint(work / "reference" / "torch")
     metrics = {"config": config,
                "uninterrupted": {"replica_diff": reference["replica_diff"]},
                **save_costs(reference, work, world_size),
@@ -169,8 +167,8 @@ def save_costs(reference: dict, work: Path, world_size: int) -> dict:
               for k in torch_saves[0]["torch_phases"]}
     save_ms = timing.median([s["torch"] for s in torch_saves])
     phases["prune_barrier"] = max(0.0, save_ms - sum(phases.values()))
-    dcp_dir = dcpck.list_distributed(work / "reference" / "dcp")[-1]
-    dcp_mb = dcpck.dcp_mb_per_rank(dcp_dir, world_size)
+    dcp_dir = checkpoint_dcp.list_distributed(work / "reference" / "dcp")[-1]
+    dcp_mb = checkpoint_dcp.dcp_mb_per_rank(dcp_dir, world_size)
     dcp_ms = timing.median([s["dcp"] for s in reference["saves"]])
     return {"save_ms": save_ms, "save_phases_ms": phases,
             "checkpoint_mb": torch_saves[-1]["torch_bytes"] / 1e6,

@@ -18,6 +18,8 @@ from typing import TextIO
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,13 @@ class RankContext:
     def is_main(self) -> bool:
         """Rank 0 prints, plots and writes files; the others only compute."""
         return self.rank == 0
+
+
+def native_ddp(model: nn.Module, ctx: RankContext, **kwargs) -> DistributedDataParallel:
+    """Native DDP around ``model`` on this rank's device: one GPU per rank names its own in
+    ``device_ids``; on the CPU there is none to name.  ``kwargs``: DDP's (bucket_cap_mb, ...)."""
+    device_ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(model.to(ctx.device), device_ids=device_ids, **kwargs)
 
 
 def point_to_point_context(ctx: RankContext) -> RankContext:
