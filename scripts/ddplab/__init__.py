@@ -3,6 +3,7 @@
     devices.py   --device/--backend: which backend, which device each rank computes on
     launch.py    run a function on N ranks (mp.spawn or torchrun), clean failures
     entry.py     a chapter's main: every failure as one clear last line and an exit code
+    chapter_main.py  run_chapter: --replot, or launch, finish, write the folder, print
     stopping.py  every exit path (error, hang, Ctrl-C, SIGTERM) ends every process it started
     ranks.py     who am I: RankContext, get("rank"), seeding, progress bars
     cli.py       the flags every chapter shares, bad input as one clear line
