@@ -42,7 +42,7 @@ from ddplab.fitting import non_negative_lstsq, weighted_r2
 from ddplab.ranks import point_to_point_context
 from ddplab.replot import write_figure_data
 from ddplab.ring import SEGMENT_BYTES, RingStep, naive_all_reduce, ring_all_reduce
-from ddplab.ring_report import label_bytes
+from ddplab.ring_report import label_bytes, stall_summary, summarize
 from figures import chapter03 as drawing
 
 CHAPTER = 3
@@ -332,7 +332,7 @@ def analyse(result: dict, world: int) -> dict:
                      "time_ms": {name: times[name][0] for name in times},
                      "ratio_ring_to_native_time": times["ring"][0] / times["native"][0],
                      "ratio_ring_to_native_median": medians["ring"][0] / medians["native"][0]},
-        "stalls": report.stall_summary(sizes, result),
+        "stalls": stall_summary(sizes, result),
         "size_check_us": result["size_check"]["check"] * 1e3,
         "size_check_all_reduce_us": result["size_check"]["all_reduce"] * 1e3,
         "size_check_share_of_alpha": 1 / (2 * (world - 1)) if world > 1 else None,
@@ -432,7 +432,7 @@ def ring_steps(folder, metrics: dict, run: ddplab.Run) -> list[str]:
 
 def main(argv: list[str] | None = None) -> dict | None:
     return run_chapter(CHAPTER, parse_args(argv), worker, finish=finish, draw=drawing.draw,
-                       extras=ring_steps, summarize=lambda metrics, run: report.summarize(metrics),
+                       extras=ring_steps, summarize=lambda metrics, run: summarize(metrics),
                        wrote=the_folder)
 
 
