@@ -12,7 +12,7 @@ Run it:
     python scripts/chapter01_processes.py --crash-rank 1        # see how a failing rank is reported
     python scripts/chapter01_processes.py --replot              # only redraw the figures
 
-Writes figures/chapter01/{ranks.png, replicas.png, replicas.json, results.json} (or under
+Writes out/chapter01/{ranks.png, replicas.png, replicas.json, results.json} (or under
 --out DIR); the figures are drawn from the two JSON files alone (scripts/drawing/chapter01.py).
 Chapter 01 is small enough that --quick changes nothing.
 """
@@ -29,7 +29,8 @@ from torch import nn
 
 import ddplab
 import drawing.chapter01
-from ddplab.run.replot import draw_figures, replot, write_figure_data
+from ddplab.run.chapter_main import run_chapter
+from ddplab.run.replot import write_figure_data
 
 CHAPTER = 1
 
@@ -170,26 +171,24 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.chapter01.draw)
-        return None
-    run = ddplab.launch(worker, args)
-    if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
-        return None
+def finish(args, run: ddplab.Run) -> dict:
+    """results.json: the ranks' numbers; the replicas' weights go to replicas.json."""
     result = run.result
-    with ddplab.chapter_output(args.out, CHAPTER) as out:
-        metrics = {**result, "replicas": {name: {"max_abs_diff": r["max_abs_diff"]}
-                                          for name, r in result["replicas"].items()}}
-        ddplab.write_results(out, CHAPTER, metrics, run.provenance)
-        write_figure_data(out, "replicas.json",  # the weights replicas.png draws
-                          {name: r["weights"] for name, r in result["replicas"].items()})
-        drawn = draw_figures(out, drawing.chapter01.draw)
-    print(summarize(result))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(drawn)}, replicas.json, "
-          "results.json}")
-    return metrics
+    return {**result, "replicas": {name: {"max_abs_diff": r["max_abs_diff"]}
+                                   for name, r in result["replicas"].items()}}
+
+
+def replica_weights(folder, metrics: dict, run: ddplab.Run) -> list[str]:
+    write_figure_data(folder, "replicas.json",  # the weights replicas.png draws
+                      {name: r["weights"] for name, r in run.result["replicas"].items()})
+    return ["replicas.json"]
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return run_chapter(CHAPTER, parse_args(argv), worker, finish=finish,
+                       draw=drawing.chapter01.draw,
+                       extras=replica_weights,
+                       summarize=lambda metrics, run: summarize(run.result))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ Run it:
 
 On CPU this chapter defaults to 4 ranks, not 2: with two ranks, scatter, all_to_all and
 reduce_scatter hardly look different from each other.  (On a GPU box: one rank per GPU.)
-Writes figures/chapter02/{send_recv, broadcast, scatter, gather, reduce, all_gather,
+Writes out/chapter02/{send_recv, broadcast, scatter, gather, reduce, all_gather,
 all_reduce, reduce_scatter, all_to_all}.png and results.json (or under --out DIR); the figures
 are drawn from results.json alone (scripts/drawing/chapter02.py).
 """
@@ -32,10 +32,10 @@ import torch.distributed as dist
 import ddplab
 import drawing.chapter02
 from ddplab.run import timing
+from ddplab.run.chapter_main import run_chapter, the_folder
 from ddplab.run.devices import gpu_count
 from ddplab.run.launch import started_by_torchrun
 from ddplab.run.ranks import point_to_point_context
-from ddplab.run.replot import draw_figures, replot
 
 CHAPTER = 2
 CPU_WORLD_SIZE = 4
@@ -374,19 +374,13 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.chapter02.draw)
-        return None
-    run = ddplab.launch(worker, args)
-    if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
-        return None
+def finish(args, run: ddplab.Run) -> dict:
+    """results.json: the states, and each collective's time next to the bytes it moves."""
     result, n = run.result, run.provenance["world_size"]
     s = result["timed_bytes"]
     times = dict(result["time_ms"])
     table = traffic_table({k: v for k, v in times.items() if k != FLAT_COPIES}, n, s)
-    metrics = {
+    return {
         "states": result["states"], "support": result["support"],
         "fallbacks": result["fallbacks"], "timed_bytes": s,
         "timed_kib": s / KiB, "collectives": table,
@@ -401,15 +395,21 @@ def main(argv: list[str] | None = None) -> dict | None:
         "verdicts": {"reduce_scatter_flat": flat_reduce_scatter_verdict(
             times, run.provenance["backend"])},
     }
-    with ddplab.chapter_output(args.out, CHAPTER) as out:
-        ddplab.write_results(out, CHAPTER, metrics, run.provenance)
-        draw_figures(out, drawing.chapter02.draw)
-    print(summarize(result["states"], table, result["support"], n, s))
-    for name in result["fallbacks"]:
-        print(f"note: this torch's {run.provenance['backend']} refused dist.{name} (see support); "
-              f"the demo and the timing ran it as one all-reduce per piece instead")
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/")
-    return metrics
+
+
+def summary(metrics: dict, run: ddplab.Run) -> str:
+    lines = [summarize(metrics["states"], metrics["collectives"], metrics["support"],
+                       run.provenance["world_size"], metrics["timed_bytes"])]
+    for name in metrics["fallbacks"]:
+        lines.append(f"note: this torch's {run.provenance['backend']} refused dist.{name} (see "
+                     "support); the demo and the timing ran it as one all-reduce per piece instead")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return run_chapter(CHAPTER, parse_args(argv), worker, finish=finish,
+                       draw=drawing.chapter02.draw,
+                       summarize=summary, wrote=the_folder)
 
 
 if __name__ == "__main__":

@@ -16,14 +16,13 @@ Run it:
     make run-chapter03
     python scripts/chapter03_ring_allreduce.py --replot         # only redraw the figures
 
-Writes figures/chapter03/{ring_steps.png, time.png, busbw.png, segments.png, scaling.png,
+Writes out/chapter03/{ring_steps.png, time.png, busbw.png, segments.png, scaling.png,
 ring_steps.json, results.json} (or under --out DIR); the figures are drawn from the two JSON
 files alone (scripts/drawing/chapter03.py).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import statistics
 import sys
@@ -35,16 +34,21 @@ import torch.distributed as dist
 
 import ddplab
 import drawing.chapter03
-from backstage.chapter03 import correctness_summary, goals, per_call_costs, stall_summary, verdicts
-from backstage.chapter03 import summarize as summary_with
+from backstage import chapter03 as report
+from backstage.chapter03 import (
+    label_bytes,
+    stall_summary,
+    summarize,
+)
 from ddplab import ring
 from ddplab.ring import SEGMENT_BYTES, RingStep, naive_all_reduce, ring_all_reduce
 from ddplab.run import timing
+from ddplab.run.chapter_main import run_chapter, the_folder
+from ddplab.run.cli import with_changes
 from ddplab.run.devices import gpu_count
 from ddplab.run.fitting import non_negative_lstsq, weighted_r2
 from ddplab.run.ranks import point_to_point_context
-from ddplab.run.replot import draw_figures, replot, write_figure_data
-from drawing.chapter03 import bandwidth_text, label_bytes  # the figures' labels, in results too
+from ddplab.run.replot import write_figure_data
 
 CHAPTER = 3
 KiB, MiB = 1 << 10, 1 << 20
@@ -340,15 +344,15 @@ def analyse(result: dict, world: int) -> dict:
         "size_check_all_reduce_us": result["size_check"]["all_reduce"] * 1e3,
         "size_check_share_of_alpha": 1 / (2 * (world - 1)) if world > 1 else None,
         "gamma_gbps": 1e-9 / result["gamma_s_per_byte"],
-        "correctness": correctness_summary(result["correctness"], world),
+        "correctness": report.correctness_summary(result["correctness"], world),
         "segments": segment_summary(result["segments"], result["times_ms"], world),
     }
     if world == 1:
         metrics["one_rank"] = ONE_RANK
         return metrics
-    metrics["per_call"] = per_call_costs(fits["ring"], metrics["segments"], world)
-    metrics["goals"] = goals(metrics)
-    metrics["verdicts"] = verdicts(metrics, label_bytes)  # the page's comparisons, computed
+    metrics["per_call"] = report.per_call_costs(fits["ring"], metrics["segments"], world)
+    metrics["goals"] = report.goals(metrics)
+    metrics["verdicts"] = report.verdicts(metrics)  # the page's comparisons, computed
     return metrics
 
 
@@ -397,9 +401,7 @@ def world_size_sweep(args, main_world: int, main_result: dict,
             i = main_result["sizes"].index(size)
             rows[world] = {name: ts[i] for name, ts in main_result["times_ms"].items()}
             continue
-        sub = copy.copy(args)
-        sub.world_size, sub.backend = world, backend
-        run = ddplab.launch(sweep_worker, sub)
+        run = ddplab.launch(sweep_worker, with_changes(args, world_size=world, backend=backend))
         rows[world] = run.result["times_ms"]
         traces[world] = run.result["trace"]
     scaling = {"size_bytes": size, "size_label": label_bytes(size), "world_sizes": list(rows),
@@ -409,41 +411,37 @@ def world_size_sweep(args, main_world: int, main_result: dict,
 
 # --- main -----------------------------------------------------------------------------------------
 
-# the run on one screen, with the figures' own labels
-summarize = partial(summary_with, label_bytes=label_bytes, bandwidth_text=bandwidth_text)
-
-
 def parse_args(argv: list[str] | None = None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter03_ring_allreduce.py")
     return ddplab.parse_chapter_args(parser, argv)
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.chapter03.draw)
-        return None
-    run = ddplab.launch(worker, args)
-    if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
-        return None
+def finish(args, run: ddplab.Run) -> dict:
+    """results.json: the fits and verdicts, and the world-size sweep when this process started
+    the ranks.  The trace drawn is the largest world size's."""
     world = run.provenance["world_size"]
     metrics = analyse(run.result, world)
-    trace = run.result["trace"]
     if run.provenance["launcher"] == "torchrun":
         note = "skipped under torchrun: the sweep starts its own ranks (run without torchrun)"
         print(f"note: world-size sweep {note}")
         metrics["scaling"] = {"skipped": note}
     else:
-        metrics["scaling"], trace = world_size_sweep(args, world, run.result,
-                                                     run.provenance["backend"])
-    metrics["trace_world_size"] = len(trace)
-    with ddplab.chapter_output(args.out, CHAPTER) as out:
-        ddplab.write_results(out, CHAPTER, metrics, run.provenance)
-        write_figure_data(out, "ring_steps.json", trace)  # every rank's chunks after each step
-        draw_figures(out, drawing.chapter03.draw)
-    print(summarize(metrics))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/")
+        metrics["scaling"], run.result["trace"] = world_size_sweep(args, world, run.result,
+                                                                   run.provenance["backend"])
+    metrics["trace_world_size"] = len(run.result["trace"])
     return metrics
+
+
+def ring_steps(folder, metrics: dict, run: ddplab.Run) -> list[str]:
+    write_figure_data(folder, "ring_steps.json", run.result["trace"])  # every rank's chunks
+    return ["ring_steps.json"]                                           # after each step
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return run_chapter(CHAPTER, parse_args(argv), worker, finish=finish,
+                       draw=drawing.chapter03.draw,
+                       extras=ring_steps, summarize=lambda metrics, run: summarize(metrics),
+                       wrote=the_folder)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ Run it:
     torchrun --standalone --nproc-per-node 2 scripts/chapter04_hooks.py
     python scripts/chapter04_hooks.py --replot    # only redraw the figures
 
-Writes figures/chapter04/{hooks.png, ready_order.png, overlap.png, bucket_sweep.png,
+Writes out/chapter04/{hooks.png, ready_order.png, overlap.png, bucket_sweep.png,
 overlap_trace.json, results.json} (or under --out DIR); the figures are drawn from results.json
 alone (scripts/drawing/chapter04.py).  overlap_trace.json opens in https://ui.perfetto.dev or
 chrome://tracing.
@@ -38,12 +38,14 @@ from backstage.chapter04 import sweep_reading, sweep_verdict
 from ddplab import BucketedDDP
 from ddplab.bucketed_ddp import MiB, assign_buckets
 from ddplab.run import timing
-from ddplab.run.models import ResidualMLP, make_clusters
-from ddplab.run.replot import draw_figures, replot
+from ddplab.run.chapter_main import run_chapter
+from ddplab.run.models import ResidualMLP, make_clusters, sgd
+from ddplab.run.ranks import native_ddp
 from ddplab.run.timeline import Event, Timeline, gather_events, write_chrome_trace
 
 CHAPTER = 4
 BATCH = 128  # samples per rank per step
+LR, MOMENTUM = 0.05, 0.9
 SWEEP_CAPS_MB = (0.25, 0.5, 1, 2, 4, 8, 16, 32, 100)
 QUICK_SWEEP_CAPS_MB = (0.25, 1, 4, 32)
 
@@ -200,14 +202,10 @@ def timed_step(ddp: BucketedDDP, optimizer, x, y, timeline: Timeline) -> None:
         optimizer.zero_grad(set_to_none=True)
 
 
-def sgd(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
-
 def median_step_timeline(ctx, ddp: BucketedDDP, timeline: Timeline, batches,
                          steps: int) -> list[Event] | None:
     """Record ``steps`` steps; return (on rank 0) every rank's events of the median step."""
-    optimizer = sgd(ddp)
+    optimizer = sgd(ddp, LR, MOMENTUM)
     recorded = []
     for i in range(steps + 2):  # the first two: warm-up
         timing.synchronize(ctx.device)
@@ -269,7 +267,7 @@ def overlap_study(ctx, args) -> dict:
     variants = {
         "overlap": BucketedDDP(copy.deepcopy(model), args.bucket_cap_mb),
         "no_overlap": BucketedDDP(copy.deepcopy(model), args.bucket_cap_mb, overlap=False),
-        "native": native_ddp(copy.deepcopy(model), ctx, args.bucket_cap_mb),
+        "native": native_ddp(copy.deepcopy(model), ctx, bucket_cap_mb=args.bucket_cap_mb),
     }
     result["step_time_ms"] = ms = median_step_times(ctx, variants, batches,
                                                     rounds=8 if ctx.quick else 40,
@@ -294,17 +292,12 @@ def phase_durations(events: list[Event] | None) -> dict[str, dict[str, float]] |
     return result
 
 
-def native_ddp(model: nn.Module, ctx, cap_mb: float) -> DistributedDataParallel:
-    gpu = [ctx.local_rank] if ctx.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=gpu, bucket_cap_mb=cap_mb)
-
-
 def median_step_times(ctx, variants: dict[str, nn.Module], batches, rounds: int,
                       desc: str) -> dict[str, float]:
     """Median step time (ms, slowest rank) of each wrapped model, interleaved and shuffled."""
     steps = {}
     for name, ddp in variants.items():
-        optimizer, counter = sgd(ddp), iter(range(10**9))
+        optimizer, counter = sgd(ddp, LR, MOMENTUM), iter(range(10**9))
 
         def step(ddp=ddp, optimizer=optimizer, counter=counter):
             x, y = batches[next(counter) % len(batches)]
@@ -329,7 +322,7 @@ def bucket_sweep(ctx, args) -> dict:
     variants = {"local": copy.deepcopy(model)}  # no communication at all: the floor
     for cap in caps:
         variants[f"bucketed {cap:g}"] = BucketedDDP(copy.deepcopy(model), cap)
-        variants[f"native {cap:g}"] = native_ddp(copy.deepcopy(model), ctx, cap)
+        variants[f"native {cap:g}"] = native_ddp(copy.deepcopy(model), ctx, bucket_cap_mb=cap)
     ms = median_step_times(ctx, variants, batches, rounds=6 if ctx.quick else 25,
                            desc=f"bucket-size sweep ({len(variants)} variants)")
     points = [{"bucket_cap_mb": cap,
@@ -375,8 +368,7 @@ def default_cap_layouts(ctx, model: nn.Module, batches) -> dict:
     passes explicit caps only, and None is not the same as 25 (a 1 MiB first bucket)."""
     layouts = {}
     for name, cap in (("native_default", None), ("native_cap_25", 25.0)):
-        gpu = [ctx.local_rank] if ctx.device.type == "cuda" else None
-        ddp = DistributedDataParallel(copy.deepcopy(model), device_ids=gpu, bucket_cap_mb=cap)
+        ddp = native_ddp(copy.deepcopy(model), ctx, bucket_cap_mb=cap)
         for x, y in batches[:3]:  # the rebuild happens at the start of the second iteration
             F.cross_entropy(ddp(x), y).backward()
         for when, key in (("first_iteration", "bucket_sizes"), ("rebuilt", "rebuilt_bucket_sizes")):
@@ -426,24 +418,16 @@ def parse_args(argv: list[str] | None = None):
     return ddplab.parse_chapter_args(parser, argv)
 
 
+def overlap_trace(folder, metrics: dict, run: ddplab.Run) -> list[str]:
+    write_chrome_trace(folder / "overlap_trace.json",
+                       [Event(**e) for e in metrics["overlap"]["timelines"]["overlap"]])
+    return ["overlap_trace.json"]
+
+
 def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.chapter04.draw)
-        return None
-    run = ddplab.launch(worker, args)
-    if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
-        return None
-    result = run.result
-    with ddplab.chapter_output(args.out, CHAPTER) as out:
-        ddplab.write_results(out, CHAPTER, result, run.provenance)
-        write_chrome_trace(out / "overlap_trace.json",
-                           [Event(**e) for e in result["overlap"]["timelines"]["overlap"]])
-        draw_figures(out, drawing.chapter04.draw)
-    print(summarize(result, run.provenance))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{hooks.png, ready_order.png, "
-          "overlap.png, bucket_sweep.png, overlap_trace.json, results.json}")
-    return result
+    return run_chapter(CHAPTER, parse_args(argv), worker, finish=lambda args, run: run.result,
+                       extras=overlap_trace, draw=drawing.chapter04.draw,
+                       summarize=lambda metrics, run: summarize(metrics, run.provenance))
 
 
 if __name__ == "__main__":

@@ -16,13 +16,12 @@ Run it:
     python scripts/chapter05_data_parallel.py --size large   # a bigger model, for GPU throughput
     python scripts/chapter05_data_parallel.py --replot  # only redraw the figures
 
-Writes figures/chapter05/{equivalence.png, speed.png, scaling.png, sharding.png, results.json}
+Writes out/chapter05/{equivalence.png, speed.png, scaling.png, sharding.png, results.json}
 (or under --out DIR); the figures are drawn from results.json alone (scripts/drawing/chapter05.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import statistics
 import sys
@@ -32,7 +31,6 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import ddplab
@@ -40,10 +38,11 @@ import drawing.chapter05
 from backstage import chapter05_report as report
 from backstage.chapter05_timing import rank_batches, time_variants, why_naive_is_slower
 from ddplab import BucketedDDP, NaiveDDP
+from ddplab.run.chapter_main import run_chapter
+from ddplab.run.cli import with_changes
 from ddplab.run.memory import PeakMemory
-from ddplab.run.models import ResidualMLP, make_clusters
-from ddplab.run.ranks import max_over_ranks, mean_over_ranks
-from ddplab.run.replot import draw_figures, replot
+from ddplab.run.models import ResidualMLP, make_clusters, sgd
+from ddplab.run.ranks import max_over_ranks, mean_over_ranks, native_ddp
 from ddplab.run.world_size_sweep import sweep_world_sizes
 
 CHAPTER = 5
@@ -98,9 +97,9 @@ def wrap(kind: str, model: nn.Module, ctx: ddplab.RankContext, bucket_cap_mb: fl
         return NaiveDDP(model)
     if kind == "bucketed":
         return BucketedDDP(model, bucket_cap_mb=bucket_cap_mb)
-    gpu = [ctx.local_rank] if ctx.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=gpu, bucket_cap_mb=bucket_cap_mb,
-                                   gradient_as_bucket_view=kind == "native_view")
+    # torch's DistributedDataParallel, told this rank's GPU (device_ids) when it has one
+    return native_ddp(model, ctx, bucket_cap_mb=bucket_cap_mb,
+                      gradient_as_bucket_view=kind == "native_view")
 # --8<-- [end:wrap]
 
 
@@ -133,10 +132,6 @@ def accumulation_step(model, optimizer, x, y, micro_batches: int) -> torch.Tenso
     optimizer.zero_grad(set_to_none=True)
     return total
 # --8<-- [end:accumulate]
-
-
-def sgd(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
 
 
 @torch.no_grad()
@@ -175,8 +170,8 @@ def train_side_by_side(ctx, args, model: nn.Module, train_set, test_set) -> dict
                 for kind in ("native", "naive", "bucketed")}
     variants["no_sync"] = wrap("bucketed", copy.deepcopy(model), ctx, args.bucket_cap_mb)
     single = copy.deepcopy(model) if ctx.is_main else None  # the reference: no communication
-    optimizers = {kind: sgd(m) for kind, m in variants.items()}
-    single_opt = sgd(single) if single is not None else None
+    optimizers = {kind: sgd(m, LR, MOMENTUM) for kind, m in variants.items()}
+    single_opt = sgd(single, LR, MOMENTUM) if single is not None else None
 
     samplers, loaders = shard_loaders(train_set, ctx, size.batch)
     losses = {kind: [] for kind in [*variants, "single"]}
@@ -236,7 +231,7 @@ def accuracy(model: nn.Module, dataset: TensorDataset, device: torch.device) -> 
 
 def stepper(model, batches):
     """A zero-argument step for ``timing.compare`` that cycles through ``batches``."""
-    optimizer = sgd(model)
+    optimizer = sgd(model, LR, MOMENTUM)
     state = {"i": 0}
 
     def step():
@@ -319,7 +314,7 @@ def measure_memory(args, main_run: ddplab.Run, main_result: dict) -> dict:
     peaks = main_result.pop("memory_in_process", None) or {}
     if main_run.provenance["launcher"] != "torchrun":
         for kinds in [(kind,) for kind in MEMORY_VARIANTS] if fresh else [MEMORY_VARIANTS]:
-            sub = argparse.Namespace(**{**vars(args), "memory_variants": kinds})
+            sub = with_changes(args, memory_variants=kinds)
             peaks.update(ddplab.launch(memory_worker, sub).result or {})
     if set(peaks) != set(MEMORY_VARIANTS):  # no RSS high-water mark here (not Linux)
         return {"peak_memory_mb": None}
@@ -340,7 +335,7 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
     if ctx.launcher == "torchrun":  # the processes are the ranks: measure memory in them
         del model
         result["memory_in_process"] = memory_worker(
-            ctx, argparse.Namespace(**{**vars(args), "memory_variants": MEMORY_VARIANTS}))
+            ctx, with_changes(args, memory_variants=MEMORY_VARIANTS))
     return result if ctx.is_main else None
 
 
@@ -419,27 +414,22 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.chapter05.draw)
-        return None
-    run = ddplab.launch(worker, args)
-    if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
-        return None
+def finish(args, run: ddplab.Run) -> dict:
+    """Rank 0's result, then the runs it needs apart: memory, the world-size sweep."""
     result = run.result
     result.update(measure_memory(args, run, result))
     result["scaling"] = sweep_world_sizes(args, run, result, throughput_worker, SWEPT,
                                           SIZES[args.size].batch)
     result["sharding"] = sharding_demo()
     result["verdicts"] = report.verdicts(result)  # the page's comparisons, computed
-    with ddplab.chapter_output(args.out, CHAPTER) as out:
-        ddplab.write_results(out, CHAPTER, result, run.provenance)
-        names = draw_figures(out, drawing.chapter05.draw)
-    print(report.summarize(result, run.provenance, drawing.chapter05.LABELS, VARIANTS,
-                           MEMORY_VARIANTS))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(names)}, results.json}}")
     return result
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return run_chapter(CHAPTER, parse_args(argv), worker, finish=finish,
+                       draw=drawing.chapter05.draw,
+                       summarize=lambda result, run: report.summarize(
+                           result, run.provenance, VARIANTS, MEMORY_VARIANTS))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ Run it:
     make run-chapter06
     python scripts/chapter06_bubbles.py --replot            # only redraw the figures
 
-Writes figures/chapter06/: timeline_native.png, timeline_bucketed.png, straggler.png,
+Writes out/chapter06/: timeline_native.png, timeline_bucketed.png, straggler.png,
 straggler_timeline.png, sync_points.png, syncbn_timeline.png, rank0_work.png, uneven_join.png,
 the Chrome/Perfetto traces trace_native_ddp.json, trace_bucketed_ddp.json, trace_straggler.json
 (open them at https://ui.perfetto.dev), on GPUs also torch.profiler traces
@@ -45,7 +45,7 @@ from backstage.chapter06_syncbn import batchnorm_vs_syncbn, syncbn_timeline
 from backstage.chapter06_workbench import mlp, native_ddp, rank_batch, record_timeline, sgd, wrapped
 from ddplab import stragglers
 from ddplab.run import hangs, timeline
-from ddplab.run.replot import draw_figures, replot
+from ddplab.run.chapter_main import run_chapter
 from ddplab.run.timing import compare, median, slowest_rank, synchronize
 
 CHAPTER = 6
@@ -414,31 +414,36 @@ def worker(ctx: ddplab.RankContext, args) -> dict | None:
 
 def parse_args(argv: list[str] | None = None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter06_bubbles.py")
-    report.add_flags(parser, DELAYS)
+    parser.add_argument("--delays", default=None, metavar="MS,MS,...",
+                        help="delays to inject on the late rank, in ms (default: "
+                             f"{','.join(map(str, DELAYS['full']))}; with --quick "
+                             f"{','.join(map(str, DELAYS['quick']))})")
+    parser.add_argument("--slow-rank", type=int, default=None, metavar="R",
+                        help="which rank is late (default: the last one)")
     return report.checked_args(ddplab.parse_chapter_args(parser, argv), DELAYS)
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.chapter06.draw)
-        return None
-    run = ddplab.launch(worker, args)
-    if run is None:  # a non-zero rank under torchrun: rank 0 writes the files
-        return None
-    result = run.result
+def finish(args, run: ddplab.Run) -> dict:
+    """results.json from rank 0's result and the two hang demonstrations (their own jobs)."""
     hung = {name: hangs.run_hang_demo(demo, args, HANG_TIMEOUT_S)
             for name, demo in HANG_DEMOS.items()}
-    with ddplab.chapter_output(args.out, CHAPTER) as out:
-        traces = chapter06_workbench.write_traces(out, result)
-        metrics = report.chapter_metrics(result, hung, args.delays, run.provenance, traces,
-                                         EXPECTED_SLOPE, BUBBLE_DELAY_MS)
-        ddplab.write_results(out, CHAPTER, metrics, run.provenance)
-        figures = draw_figures(out, drawing.chapter06.draw)
-    print(report.summarize(metrics, EXPECTED_SLOPE))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/ ({len(figures)} figures, "
-          f"{len(traces)} traces, results.json); open the traces at https://ui.perfetto.dev")
-    return metrics
+    return report.chapter_metrics(run.result, hung, args.delays, run.provenance,
+                                  list(chapter06_workbench.traces(run.result)), EXPECTED_SLOPE,
+                                  BUBBLE_DELAY_MS)
+
+
+def wrote(folder, figures: list[str], traces: list[str]) -> str:
+    return (f"wrote {folder}/ ({len(figures)} figures, {len(traces)} traces, results.json); "
+            "open the traces at https://ui.perfetto.dev")
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return run_chapter(CHAPTER, parse_args(argv), worker, finish=finish,
+                       draw=drawing.chapter06.draw,
+                       extras=lambda folder, metrics, run: chapter06_workbench.write_traces(
+                           folder, run.result),
+                       summarize=lambda metrics, run: report.summarize(metrics, EXPECTED_SLOPE),
+                       wrote=wrote)
 
 
 if __name__ == "__main__":

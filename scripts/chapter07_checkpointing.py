@@ -22,14 +22,12 @@ Train on your own, kill rank 1 at step 120, let torchrun restart the group; it r
 The same with mp.spawn: the crash ends the run; the same command again resumes from /tmp/ckpt:
     python scripts/chapter07_checkpointing.py --train --ckpt-dir /tmp/ckpt --crash-at-step 120
 
-Writes figures/chapter07/{resume.png, restart.png, cost.png, resume.json, restart.json,
-results.json} (or under --out DIR); the figures are drawn from results.json and the two JSON
-files beside it (scripts/drawing/chapter07.py).
+Writes out/chapter07/{resume.png, restart.png, cost.png, resume.json, restart.json, results.json}
+(or under --out DIR), the figures drawn from the JSON files by scripts/drawing/chapter07.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -49,11 +47,11 @@ import drawing.chapter07
 from backstage import chapter07_report as report
 from backstage import chapter07_restart
 from backstage.chapter07_restart import EventLog, restart_count
-from ddplab import checkpoint as ck
-from ddplab import checkpoint_dcp as dcpck
+from ddplab import checkpoint, checkpoint_dcp
 from ddplab import checkpoint_pitfalls as pitfalls
 from ddplab.checkpoint_pitfalls import max_abs_diff
-from ddplab.run.replot import replot
+from ddplab.run.chapter_main import figures_only, run_chapter
+from ddplab.run.cli import with_changes
 from ddplab.run.timing import slowest_rank
 
 CHAPTER = 7
@@ -121,7 +119,7 @@ def build(ctx: ddplab.RankContext, cfg: Config, job: Job):
     torch.manual_seed(ctx.seed + 1 + ctx.rank)  # dropout: each rank draws its own masks
 
     data = make_dataset(cfg, ctx.seed)
-    sampler = ck.ResumableSampler(data, num_replicas=ctx.world_size, rank=ctx.rank,
+    sampler = checkpoint.ResumableSampler(data, num_replicas=ctx.world_size, rank=ctx.rank,
                                   shuffle=True, seed=ctx.seed, drop_last=True)
     # iter(DataLoader) draws a seed from the *global* generator unless it has its own:
     # a resumed run starts iterating at another step, and that draw would shift dropout.
@@ -156,7 +154,7 @@ def training_state(ctx, cfg, model, optimizer, scheduler, step: int, epoch: int,
         "step": step,
         "epoch": epoch,  # with the sampler's seed, fixes the order of this epoch...
         "batch_in_epoch": batch,  # ...and how far into it we are
-        "rng": ck.gather_rng_states(ctx.device),  # one entry per rank
+        "rng": checkpoint.gather_rng_states(ctx.device),  # one entry per rank
         "run": run_settings(ctx, cfg),  # what the run depends on: a resume must match it
     }
 # --8<-- [end:state]
@@ -175,7 +173,8 @@ def save(ctx, cfg: Config, job: Job, model, optimizer, scheduler, position) -> d
         start = time.perf_counter()
         state = training_state(ctx, cfg, model, optimizer, scheduler, step, epoch, batch)
         collected = time.perf_counter()
-        report = ck.save_checkpoint(state, job.run_dir / "torch", step, keep_last=cfg.keep_last)
+        report = checkpoint.save_checkpoint(state, job.run_dir / "torch", step,
+                                            keep_last=cfg.keep_last)
         timings["torch"] = (time.perf_counter() - start) * 1e3
         if report is not None:
             timings["torch_phases"] = {"collect": (collected - start) * 1e3,  # incl. gather
@@ -185,7 +184,8 @@ def save(ctx, cfg: Config, job: Job, model, optimizer, scheduler, position) -> d
         start = time.perf_counter()
         extra = {"scheduler": scheduler.state_dict(), "step": step, "epoch": epoch,
                  "batch_in_epoch": batch, "run": json.dumps(run_settings(ctx, cfg))}
-        dcpck.save_distributed(job.run_dir / "dcp", step, model, optimizer, extra, cfg.keep_last)
+        checkpoint_dcp.save_distributed(job.run_dir / "dcp", step, model, optimizer, extra,
+                                        cfg.keep_last)
         timings["dcp"] = (time.perf_counter() - start) * 1e3
     return timings
 
@@ -196,7 +196,7 @@ def resume(ctx, cfg, job: Job, model, optimizer, scheduler, example) -> dict | N
 
     Rank 0 picks the checkpoint and tells the others, so that all ranks load the same one.
     """
-    path = dcpck.newest_checkpoint(job.run_dir / job.resume, job.resume)  # rank 0 picks
+    path = checkpoint_dcp.newest_checkpoint(job.run_dir / job.resume, job.resume)  # rank 0 picks
     if path is None:
         return None
     if job.forget != "buckets":
@@ -210,13 +210,13 @@ def resume(ctx, cfg, job: Job, model, optimizer, scheduler, example) -> dict | N
 
 
 def load_torch_save(ctx, cfg, job: Job, path: Path, model, optimizer, scheduler) -> dict:
-    state = ck.load_checkpoint(path)  # on the CPU; load_state_dict copies to the device
-    ck.check_same_run(state.get("run"), run_settings(ctx, cfg), path)  # same seed, model, ...
-    ck.load_model_state(model.module, state["model"], path)
+    state = checkpoint.load_checkpoint(path)  # on the CPU; load_state_dict copies to the device
+    checkpoint.check_same_run(state.get("run"), run_settings(ctx, cfg), path)  # same seed, ...
+    checkpoint.load_model_state(model.module, state["model"], path)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     if job.forget != "rng":
-        ck.restore_rng_states(state["rng"], ctx.device, path)
+        checkpoint.restore_rng_states(state["rng"], ctx.device, path)
     return state
 # --8<-- [end:resume]
 
@@ -224,8 +224,8 @@ def load_torch_save(ctx, cfg, job: Job, path: Path, model, optimizer, scheduler)
 def load_dcp(ctx, cfg, job: Job, path: Path, model, optimizer, scheduler) -> dict:
     template = {"scheduler": scheduler.state_dict(), "step": 0, "epoch": 0,
                 "batch_in_epoch": 0, "run": ""}
-    state = dcpck.load_distributed(path, model, optimizer, template)
-    ck.check_same_run(json.loads(state["run"]), run_settings(ctx, cfg), path)
+    state = checkpoint_dcp.load_distributed(path, model, optimizer, template)
+    checkpoint.check_same_run(json.loads(state["run"]), run_settings(ctx, cfg), path)
     scheduler.load_state_dict(state["scheduler"])
     return state
 
@@ -290,7 +290,6 @@ def start_position(resumed: dict | None, job: Job) -> tuple[int, int, int]:
 
 
 # --- what each launch runs ----------------------------------------------------------------------
-# The pitfalls, each with the error it really gives: scripts/ddplab/checkpoint_pitfalls.py.
 
 def config(args) -> Config:
     return QUICK if args.quick else FULL
@@ -372,28 +371,34 @@ def worker(ctx: ddplab.RankContext, args):
 
 
 def launch(args, stage: str, **changes):
-    return ddplab.launch(worker, argparse.Namespace(**{**vars(args), "stage": stage, **changes}))
+    return ddplab.launch(worker, with_changes(args, stage=stage, **changes))
 
 
 # --- the launching process: run every part, then report ---------------------------------------
-# torchrun --max-restarts 1 and the runs' event logs: scripts/backstage/chapter07_restart.py.
-# Flags, work directory, results.json and the summary: scripts/backstage/chapter07_report.py.
 
-def run_chapter(args, work: Path) -> dict:
+def start(args) -> ddplab.Run | None:
+    """Every part's runs; None when only training (--train), or in a non-zero rank."""
+    with report.checkpoint_directory_lock(args):  # one run at a time per --ckpt-dir
+        if args.train:  # one run, checkpoints in --ckpt-dir; rank 0 leaves final.pt there
+            return report.write_final(launch(args, "train"), Path(args.ckpt_dir))
+        with report.work_directory_for(args) as work:  # removed at the end unless --ckpt-dir
+            return run_every_part(args, work)
+
+
+def run_every_part(args, work: Path) -> ddplab.Run | None:
     cfg = config(args)
     run = launch(args, "reference", work=str(work))
     if run is None:
-        return {}
+        return None
     reference, provenance = run.result, run.provenance
     ref_params = reference["params"]
     smaller = make_model(cfg, hidden=cfg.hidden // 2)  # a checkpoint of another model
     metrics = report.reference_metrics(asdict(cfg), reference, work, provenance["world_size"],
                                        smaller)  # with the bad-input and atomic-save demos
     curves = {"uninterrupted": reference["losses"]}
-
     if provenance["launcher"] == "torchrun":
         report.skip_under_torchrun(metrics)
-        return {"metrics": metrics, "curves": curves, "provenance": provenance}
+        return ddplab.Run({"metrics": metrics, "curves": curves}, provenance)
 
     # Crash (rank N-1 raises at cfg.crash_at), then a new launch resumes from the checkpoint.
     try:
@@ -407,43 +412,38 @@ def run_chapter(args, work: Path) -> dict:
     resumed_dcp = launch(args, "resume_dcp", work=str(work)).result
     restart = chapter07_restart.run_torchrun_restart(args, SCRIPT, cfg.crash_at, work)
     # 3 ranks, where the order of a sum matters (gloo on CPU unless there are 3 GPUs)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    metrics["buckets"] = launch(args, "buckets", work=str(work), world_size=3,
-                                backend=args.backend if gpus >= 3 else "gloo").result
-
+    metrics["buckets"] = launch(args, "buckets", work=str(work), world_size=3, backend=(
+        args.backend if torch.cuda.device_count() >= 3 else "gloo")).result
     metrics.update(report.resumed_metrics(metrics["dcp"], resumed, resumed_dcp, crash_error,
                                           ref_params))
     metrics["restart"] = chapter07_restart.restart_metrics(restart, ref_params)
     metrics["pitfalls"].update(pitfalls.forgetful_resumes(resumed, reference, ref_params))
     curves.update(report.resume_curves(crash_log, resumed, resumed_dcp, restart["log"]))
-    return {"metrics": metrics, "curves": curves, "provenance": provenance, "restart": restart,
-            "checkpoint_at": resumed["resumed_from"], "crash_at": cfg.crash_at}
+    return ddplab.Run({"metrics": metrics, "curves": curves, "restart": restart}, provenance)
 
 
 def parse_args(argv: list[str] | None = None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter07_checkpointing.py")
-    report.add_arguments(parser)  # --ckpt-dir, --train, --crash-at-step, --crash-how
+    parser.add_argument("--ckpt-dir", type=Path, default=None, metavar="DIR",
+                        help="where checkpoints go (default: a temporary directory, removed at "
+                             "the end; with --train: required)")
+    parser.add_argument("--train", action="store_true",
+                        help="only train (resuming from --ckpt-dir if it has a checkpoint)")
+    parser.add_argument("--crash-at-step", type=int, default=None, metavar="K",
+                        help="with --train: the last rank dies at step K (first attempt only)")
+    parser.add_argument("--crash-how", choices=("raise", "kill"), default="raise",
+                        help="raise an exception, or SIGKILL the process (default: raise)")
     args = ddplab.parse_chapter_args(parser, argv)
     report.check_args(args, config(args).steps)
     return args
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.chapter07.draw)
-        return None
-    with report.checkpoint_directory_lock(args):  # one run at a time per --ckpt-dir
-        if args.train:  # one run, checkpoints in --ckpt-dir; rank 0 leaves final.pt there
-            run = launch(args, "train")
-            return None if run is None else report.write_final(run, Path(args.ckpt_dir))
-        with report.work_directory_for(args) as work:  # removed at the end unless --ckpt-dir
-            parts = run_chapter(args, work)
-    if not parts:  # a non-zero rank under torchrun
-        return None
-    metrics = parts["metrics"]
-    report.write_outputs(args.out, CHAPTER, parts, drawing.chapter07.draw)
-    return metrics
+    return run_chapter(CHAPTER, parse_args(argv), start=start,
+                       finish=lambda args, run: run.result["metrics"],
+                       extras=report.write_figure_files, draw=drawing.chapter07.draw,
+                       summarize=lambda metrics, run: report.summarize(metrics),
+                       wrote=figures_only)
 
 
 if __name__ == "__main__":

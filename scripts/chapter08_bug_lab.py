@@ -16,13 +16,12 @@ Run it:
     torchrun --standalone --nproc-per-node 2 scripts/chapter08_bug_lab.py --quick  # crash skipped
     python scripts/chapter08_bug_lab.py --replot                # no figures: says so, exit 0
 
-Writes figures/chapter08/results.json and one fix_<scenario>.diff per scenario (the fix, as a
+Writes out/chapter08/results.json and one fix_<scenario>.diff per scenario (the fix, as a
 diff of the two functions) — only for the whole lab, never for a single --bug.
 """
 
 from __future__ import annotations
 
-import copy
 import difflib
 import inspect
 import json
@@ -39,6 +38,7 @@ import ddplab
 from ddplab.bugs import diagnose
 from ddplab.bugs.catalog import BY_NAME, GPU_ONLY, SCENARIOS, Scenario
 from ddplab.bugs.runner import HANG_TIMEOUT_S, gather_outcome, judge, run_in_main, run_on_this_rank
+from ddplab.run.cli import with_changes
 from ddplab.run.launch import started_by_torchrun
 
 CHAPTER = 8
@@ -85,25 +85,20 @@ def crash_worker(ctx: ddplab.RankContext, args) -> None:
 def run_plan(args, plan: list[tuple[str, bool]]) -> list[dict]:
     if not plan:
         return []
-    job = copy.copy(args)
-    job.plan = plan
     if started_by_torchrun():  # the ranks are all there is: rank 0 makes the scratch
-        job.scratch = None
-        run = ddplab.launch(worker, job)
+        run = ddplab.launch(worker, with_changes(args, plan=plan, scratch=None))
         return [] if run is None else run.result
     # Made and removed here, not in a rank: a rank stopped by Ctrl-C or SIGTERM runs no
     # cleanup, this process does.
     with tempfile.TemporaryDirectory(prefix="buglab-") as scratch:
-        job.scratch = Path(scratch)
-        return ddplab.launch(worker, job).result
+        return ddplab.launch(worker, with_changes(args, plan=plan, scratch=Path(scratch))).result
 
 
 def run_crash(args) -> dict:
     """Its own launch: one rank really fails, and the launcher stops the others."""
     sc = BY_NAME["rank_crash"]
     with tempfile.TemporaryDirectory(prefix="buglab-crash-") as scratch:
-        job = copy.copy(args)
-        job.scratch = Path(scratch)
+        job = with_changes(args, scratch=Path(scratch))
         start = time.perf_counter()
         try:
             ddplab.launch(crash_worker, job)
@@ -122,8 +117,7 @@ def run_diagnoses(args) -> dict:
     """The full lab's second look: each bug under the tool that finds it."""
     found: dict = {}
     with tempfile.TemporaryDirectory(prefix="buglab-diag-") as scratch:
-        job = copy.copy(args)
-        job.scratch = Path(scratch)
+        job = with_changes(args, scratch=Path(scratch))
         with diagnose.environment(TORCH_DISTRIBUTED_DEBUG="INFO"):
             found.update(ddplab.launch(diagnose.info_worker, job).result)
         with diagnose.environment(TORCH_DISTRIBUTED_DEBUG="DETAIL"):
@@ -132,8 +126,7 @@ def run_diagnoses(args) -> dict:
                 found["detail_with_ddp"] = ddplab.launch(diagnose.detail_ddp_worker, job).result
             except ddplab.RankFailed as err:  # what we saw on torch 2.13 + gloo: a crash
                 found["detail_with_ddp"] = str(err)
-        hang_job = copy.copy(job)
-        hang_job.timeout = DIAGNOSIS_TIMEOUT_S
+        hang_job = with_changes(job, timeout=DIAGNOSIS_TIMEOUT_S)
         with diagnose.environment(TORCH_FR_BUFFER_SIZE="64"):
             hang = ddplab.launch(diagnose.hang_worker, hang_job).result
         hang["flight_recorder"] = diagnose.analyse_flight_record(Path(scratch))

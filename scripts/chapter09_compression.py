@@ -14,7 +14,7 @@ Run it:
     torchrun --standalone --nproc-per-node 2 scripts/chapter09_compression.py  # no sweep
     python scripts/chapter09_compression.py --replot     # redraw the figures from results.json
 
-Writes figures/chapter09/{training.png, prediction.png, links.png, results.json}.
+Writes out/chapter09/{training.png, prediction.png, links.png, results.json}.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
-from torch.nn.parallel import DistributedDataParallel
 
 import ddplab
 import drawing.chapter09
@@ -41,10 +40,10 @@ from ddplab.costmodel import chapter03_calibration
 from ddplab.hook_costmodel import prediction, where_it_pays
 from ddplab.powersgd import PowerSGDState, powersgd_hook
 from ddplab.precision import mixed_precision_for
-from ddplab.run.launch import started_by_torchrun
-from ddplab.run.models import ResidualMLP, make_clusters
-from ddplab.run.ranks import max_over_ranks
-from ddplab.run.replot import draw_figures, replot
+from ddplab.run.chapter_main import run_chapter
+from ddplab.run.models import ResidualMLP, make_clusters, sgd
+from ddplab.run.ranks import max_over_ranks, native_ddp
+from ddplab.run.world_size_sweep import launch_per_world_size
 
 CHAPTER = 9
 HOOKS = ("none", "fp16", "bf16", "powersgd")
@@ -68,13 +67,6 @@ def make_hook(name: str, world: int):
     if name == "powersgd":
         return PowerSGDState(rank=RANK, start_iter=START_ITER), powersgd_hook
     return None, {"fp16": fp16_hook, "bf16": bf16_hook}[name]
-
-
-def wrap(model: nn.Module, ctx, native: bool = False, cap_mb: float = CAP_MB):
-    if native:
-        gpu = [ctx.local_rank] if ctx.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=gpu, bucket_cap_mb=cap_mb)
-    return BucketedDDP(model, bucket_cap_mb=cap_mb)
 
 
 # --8<-- [start:step]
@@ -107,10 +99,6 @@ def wait_for_device(ctx) -> None:
         torch.cuda.synchronize(ctx.device)
 
 
-def sgd(model):
-    return torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-
-
 def batches(ctx, steps: int, data_seed: int = 5):
     """This rank's ``steps`` batches of a generated task (the same task for every hook)."""
     x, y = make_clusters(steps * BATCH * ctx.world_size + 2048, 64, 10, seed=data_seed)
@@ -137,12 +125,13 @@ def slowest(value: float) -> float:
 
 def same_hook_on_both(ctx, model, data, state_and_hook, steps: int, cap_mb: float) -> float:
     """Train BucketedDDP and native DDP with the same hook; the largest parameter difference."""
-    ours = wrap(copy.deepcopy(model), ctx, cap_mb=cap_mb)
-    theirs = wrap(copy.deepcopy(model), ctx, native=True, cap_mb=cap_mb)
+    ours = BucketedDDP(copy.deepcopy(model), bucket_cap_mb=cap_mb)
+    theirs = native_ddp(copy.deepcopy(model), ctx, bucket_cap_mb=cap_mb)
     for ddp in (ours, theirs):
         state, hook = state_and_hook()   # a fresh state for each: PowerSGD's is per model
         ddp.register_comm_hook(state, hook)
-    opts, scalers = [sgd(ours), sgd(theirs)], [scaler_for(ctx), scaler_for(ctx)]
+    opts = [sgd(ours, LR, MOMENTUM), sgd(theirs, LR, MOMENTUM)]
+    scalers = [scaler_for(ctx), scaler_for(ctx)]
     for x, y in data[:steps]:
         for ddp, opt, scaler in zip((ours, theirs), opts, scalers, strict=True):
             train_step(ddp, opt, x, y, scaler)
@@ -172,10 +161,10 @@ def equivalence(ctx, model, data, steps: int) -> dict:
         ctx, model, data, make, steps, ONE_BUCKET if "powersgd" in name else CAP_MB)
         for name, make in cases.items()}
     # Ours against torch's PowerSGD, both on native DDP: the algorithm, not the wrapper.
-    a, b = (wrap(copy.deepcopy(model), ctx, native=True, cap_mb=ONE_BUCKET) for _ in range(2))
+    a, b = (native_ddp(copy.deepcopy(model), ctx, bucket_cap_mb=ONE_BUCKET) for _ in range(2))
     a.register_comm_hook(PowerSGDState(rank=RANK, start_iter=2), powersgd_hook)
     b.register_comm_hook(cases["torch_powersgd"]()[0], torch_powersgd.powerSGD_hook)
-    opts = [sgd(a), sgd(b)]
+    opts = [sgd(a, LR, MOMENTUM), sgd(b, LR, MOMENTUM)]
     for x, y in data[:steps]:
         for ddp, opt in zip((a, b), opts, strict=True):
             train_step(ddp, opt, x, y)
@@ -198,9 +187,10 @@ def scaler_skip(ctx, model, data) -> dict:
     if ctx.rank == 1:
         x[0, 0] = float("inf")
     result = {}
-    for name, net in (("ddp", wrap(copy.deepcopy(model), ctx)), ("local", copy.deepcopy(model))):
+    for name, net in (("ddp", BucketedDDP(copy.deepcopy(model), bucket_cap_mb=CAP_MB)),
+                      ("local", copy.deepcopy(model))):
         scaler = torch.amp.GradScaler(ctx.device.type, init_scale=2.0**16)
-        train_step(net, sgd(net), x, y, scaler)
+        train_step(net, sgd(net, LR, MOMENTUM), x, y, scaler)
         skipped = scaler.get_scale() < 2.0**16          # update() halves the scale on a skip
         flags = [None] * ctx.world_size
         dist.all_gather_object(flags, bool(skipped))
@@ -213,9 +203,9 @@ def scaler_skip(ctx, model, data) -> dict:
 def overflow_recovery(ctx, model, data, make_hook, overflow_at: int = 5) -> list[bool]:
     """PowerSGD from step 2, a GradScaler, and at step ``overflow_at`` one inf in rank 1's
     batch: which steps the scaler skipped (the same list on every rank)."""
-    ddp = wrap(copy.deepcopy(model), ctx, native=True, cap_mb=ONE_BUCKET)
+    ddp = native_ddp(copy.deepcopy(model), ctx, bucket_cap_mb=ONE_BUCKET)
     ddp.register_comm_hook(*make_hook())
-    opt, scaler, skipped = sgd(ddp), torch.amp.GradScaler(ctx.device.type), []
+    opt, scaler, skipped = sgd(ddp, LR, MOMENTUM), torch.amp.GradScaler(ctx.device.type), []
     for step, (x, y) in enumerate(data[:overflow_at + 8]):
         if step == overflow_at and ctx.rank == 1:
             x = x.clone()
@@ -243,11 +233,11 @@ def powersgd_after_overflow(ctx, model, data) -> dict:
 # --- 3. training with each hook: loss, bytes, step time --------------------------------------
 
 def train_with(ctx, model, data, test, name: str) -> dict:
-    ddp = wrap(copy.deepcopy(model), ctx)
+    ddp = BucketedDDP(copy.deepcopy(model), bucket_cap_mb=CAP_MB)
     hook = make_hook(name, ctx.world_size)
     if hook is not None:
         ddp.register_comm_hook(*hook)
-    opt, scaler, losses, times, counted = sgd(ddp), scaler_for(ctx), [], [], None
+    opt, scaler, losses, times, counted = sgd(ddp, LR, MOMENTUM), scaler_for(ctx), [], [], None
     for step, (x, y) in enumerate(data):
         dist.barrier()
         start = time.perf_counter()
@@ -324,9 +314,8 @@ def worker(ctx: ddplab.RankContext, args) -> dict:
         out["scaler_skip"] = scaler_skip(ctx, model, data)
         out["powersgd_overflow"] = powersgd_after_overflow(ctx, model, data)
         out["hooks"] = hook_times(ctx, model, repeats=3 if ctx.quick else 10)
-    out["training"] = {name: train_with(ctx, model, data, test, name)
-                       for name in ddplab.progress(HOOKS, ctx, f"training, {ctx.world_size} "
-                                                  "rank(s)")}
+    out["runs"] = {name: train_with(ctx, model, data, test, name)  # each hook's training
+                   for name in ddplab.progress(HOOKS, ctx, f"training, {ctx.world_size} rank(s)")}
     return out
 
 
@@ -402,23 +391,12 @@ def parse_args(argv: list[str] | None = None) -> Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.chapter09.draw)
-        return None
-    run = ddplab.launch(worker, args)
-    if run is None:
-        return None
+def finish(args, run: ddplab.Run) -> dict:
+    """Rank 0's result, the world-size sweep (run here), and what chapter 03's model predicts."""
     result = run.result
-    sweep = {result["world_size"]: result["training"]}
-    if not started_by_torchrun():
-        for world in (1, 2) if args.quick else (1, 2, 4):
-            if world not in sweep:
-                sub = Namespace(**{**vars(args), "world_size": world, "sweep_only": True})
-                sweep[world] = ddplab.launch(worker, sub).result["training"]
-    result["sweep"] = {str(w): sweep[w] for w in sorted(sweep)}
-    del result["training"]
+    sweep = (launch_per_world_size(args, run, worker, main=result, sweep_only=True)
+             or {result["world_size"]: result})  # under torchrun: this world size only
+    result["sweep"] = {str(w): sweep[w].pop("runs") for w in sorted(sweep)}
     result["per_hook"] = digest(result["sweep"])
     if "equivalence" in result:
         result["equivalence"]["autocast_text"] = bits_text(
@@ -431,12 +409,13 @@ def main(argv: list[str] | None = None) -> dict | None:
         result["prediction"] = prediction(result["hooks"], result["world_size"], model)
         result["where_it_pays"] = where_it_pays(result["hooks"], result["parameters"],
                                                 world=8, loopback=model, rank=RANK)
-    with ddplab.chapter_output(args.out, CHAPTER) as out:
-        ddplab.write_results(out, CHAPTER, result, run.provenance)
-        names = draw_figures(out, drawing.chapter09.draw)
-    print(summarize(result))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(names)}, results.json}}")
     return result
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return run_chapter(CHAPTER, parse_args(argv), worker, finish=finish,
+                       draw=drawing.chapter09.draw,
+                       summarize=lambda result, run: summarize(result))
 
 
 if __name__ == "__main__":

@@ -15,11 +15,12 @@ Run it:
     python scripts/chapter10_many_nodes.py --replot        # redraw the figures from results.json
     make run-chapter10
 
-Writes figures/chapter10/{links.png, projection.png, results.json} (or under --out DIR).
+Writes out/chapter10/{links.png, projection.png, results.json} (or under --out DIR).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -37,11 +38,11 @@ import ddplab
 import drawing.chapter10
 from backstage import chapter10_report as report
 from backstage import chapter10_verdicts
-from backstage.chapter10_report import NodeFailed, node_failure, node_failure_from
+from backstage.chapter10_report import NodeFailed, node_failure, node_failure_from, wait_until
 from ddplab import costmodel
 from ddplab.run import netns, stopping, timing
+from ddplab.run.chapter_main import run_chapter, the_folder
 from ddplab.run.models import ResidualMLP
-from ddplab.run.replot import draw_figures, replot
 
 CHAPTER = 10
 MiB = 1 << 20
@@ -145,14 +146,6 @@ def torchrun_on(node: netns.Node, host: netns.Node, tag: str, program: list[str]
 # --8<-- [end:torchrun]
 
 
-def node_tmpdir(scratch: Path, node: netns.Node) -> str:
-    """A node's own temporary directory, inside the run's: torchrun's torchelastic_* files
-    go with the run (the node's environment is built from scratch, without the reader's)."""
-    path = scratch / f"tmp-{node.namespace}"
-    path.mkdir(exist_ok=True)
-    return str(path)
-
-
 def run_two_nodes(args, phases: list[str], scratch: Path) -> dict:
     """Both nodes, every phase; the link rate is changed between phases, from here."""
     deadline = time.monotonic() + args.node_budget
@@ -167,7 +160,7 @@ def run_two_nodes(args, phases: list[str], scratch: Path) -> dict:
         procs = []
         for node, log in zip(pair.nodes, logs, strict=True):
             env = {"GLOO_SOCKET_IFNAME": node.interface, "OMP_NUM_THREADS": "1",
-                   "PYTHONUNBUFFERED": "1", "TMPDIR": node_tmpdir(scratch, node),
+                   "PYTHONUNBUFFERED": "1", "TMPDIR": report.node_tmpdir(scratch, node),
                    "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
             procs.append(subprocess.Popen(
                 torchrun_on(node, a, pair.tag, [str(Path(__file__).resolve()), *worker_args],
@@ -206,13 +199,6 @@ def train_command(ckpt: Path, args, timeout: float) -> list[str]:
             str(args.seed), "--timeout", str(timeout), "--out", str(ckpt / "out")]
 
 
-def wait_until(condition, deadline: float, what: str) -> None:
-    while not condition():
-        if time.monotonic() > deadline:
-            raise NodeFailed(f"failover: {what} did not happen in time")
-        time.sleep(0.05)
-
-
 def reference_run(args, scratch: Path) -> Path:
     """The same training on 4 ranks, never interrupted: what a resumed run must equal."""
     reference = scratch / "reference"
@@ -242,7 +228,7 @@ def failover(args, scratch: Path, reference: Path, power_cut: bool) -> dict:
                               args.timeout, max_restarts=1)
             out = files.enter_context(open(scratch / f"{how}-{log}.log", "w"))
             return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                    env=failover_env(scratch, node))
+                                    env=report.failover_env(scratch, node))
         node_a, _ = start(a, "a"), start(b, "b")
         wait_until(lambda: any(ckpt.rglob("step_*")), deadline, "a first checkpoint")
         before = set(pair.pids(a))
@@ -268,18 +254,11 @@ def failover(args, scratch: Path, reference: Path, power_cut: bool) -> dict:
             "collective_timeout_s": timeout, "link_mbit": FAILOVER_MBIT}
 
 
-def failover_env(scratch: Path, node: netns.Node) -> dict:
-    return {"GLOO_SOCKET_IFNAME": node.interface, "PYTHONUNBUFFERED": "1",
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # see chapter 07
-            "TMPDIR": node_tmpdir(scratch, node), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-
-
-def one_node(args, phase: str) -> dict:
+def one_node(args, phase: str) -> ddplab.Run:
     """One node x 2 ranks over loopback: mp.spawn, no root needed."""
     args.nodes, args.phases, args.phase_dir, args.node_result = 1, phase, None, None
     args.world_size = 2
-    run = ddplab.launch(worker, args)
-    return {"result": run.result, "provenance": run.provenance}
+    return ddplab.launch(worker, args)
 
 
 # --- the model: calibrated, checked against the link, projected -------------------------------
@@ -402,15 +381,25 @@ def ask(args, cal: dict, grad_bytes: int) -> dict:
 
 def parse_args(argv: list[str] | None = None):
     parser = ddplab.chapter_parser(__doc__, prog="chapter10_many_nodes.py")
-    report.add_flags(parser)  # --gpus, --link, ..., and the hidden ones of a node's ranks
+    parser.add_argument("--gpus", type=ddplab.positive(int), default=None,
+                        help="also predict a step on this many GPUs")
+    parser.add_argument("--link", choices=sorted(costmodel.LINKS), default="ib-ndr",
+                        help="the link between nodes, for --gpus (default: ib-ndr)")
+    parser.add_argument("--per-node", type=ddplab.positive(int), default=8,
+                        help="GPUs per node, for --gpus (default: 8)")
+    parser.add_argument("--algo", choices=("ring", "tree"), default="ring",
+                        help="all-reduce across nodes, for --gpus (default: ring)")
+    parser.add_argument("--node-budget", type=ddplab.positive(float), default=300.0,
+                        help="seconds the two-node run may take in all (default: 300)")
+    parser.add_argument("--failover", action=argparse.BooleanOptionalAction, default=None,
+                        help="kill a node mid-training and resume (default: on, off with --quick)")
+    report.add_node_flags(parser)  # hidden: what the ranks started on each node are told
     return ddplab.parse_chapter_args(parser, argv)
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:  # redraw the figures from the last run's files; no rank is started
-        replot(args.out, CHAPTER, drawing.chapter10.draw)
-        return None
+def measure(args) -> ddplab.Run | None:
+    """One node over loopback, then (as root) two emulated nodes: what rank 0 of each measured,
+    with the loopback run's provenance.  None in one rank of the two-node run."""
     if args.node_worker:  # one rank of the two-node run, started by torchrun
         ddplab.launch(worker, args)
         return None
@@ -429,21 +418,30 @@ def main(argv: list[str] | None = None) -> dict | None:
                 reference = reference_run(args, Path(scratch))
                 two["failover"] = failover(args, Path(scratch), reference, power_cut=False)
                 two["power_cut"] = failover(args, Path(scratch), reference, power_cut=True)
-    grad_bytes = one["result"]["phases"]["loopback"]["grad_bytes"]
-    metrics = {"two_nodes": two is not None, "skipped_reason": reason,
-               "one_node": one["result"], "two_node": two, "calibration": cal,
-               "validation": validate(one["result"], two, cal),
+    return ddplab.Run({"calibration": cal, "one_node": one.result, "two_node": two,
+                       "skipped_reason": reason}, one.provenance)
+
+
+def finish(args, run: ddplab.Run) -> dict:
+    """results.json: the runs, the model checked against them and projected to 1024 GPUs."""
+    cal, one, two = run.result["calibration"], run.result["one_node"], run.result["two_node"]
+    grad_bytes = one["phases"]["loopback"]["grad_bytes"]
+    metrics = {"two_nodes": two is not None, "skipped_reason": run.result["skipped_reason"],
+               "one_node": one, "two_node": two, "calibration": cal,
+               "validation": validate(one, two, cal),
                "projection": project(cal, grad_bytes), "links": {
                    k: vars(v) for k, v in costmodel.LINKS.items()}}
     metrics["verdicts"] = chapter10_verdicts.verdicts(metrics, RATES, BUCKET_CAP_MB * MiB)
     if args.gpus:
         metrics["query"] = ask(args, cal, grad_bytes)
-    with ddplab.chapter_output(args.out, CHAPTER) as out:
-        ddplab.write_results(out, CHAPTER, metrics, one["provenance"])
-        draw_figures(out, drawing.chapter10.draw)
-    print(report.summarize(metrics))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/")
     return metrics
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return run_chapter(CHAPTER, parse_args(argv), start=measure, finish=finish,
+                       draw=drawing.chapter10.draw,
+                       summarize=lambda metrics, run: report.summarize(metrics),
+                       wrote=the_folder)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ results.json} (or under --out DIR); the figures are drawn from results.json alon
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 import warnings
@@ -52,17 +51,10 @@ from ddplab import FullyShardedDP, ShardedOptimizer, costmodel
 from ddplab import memory_ledger as ml
 from ddplab.fsdp import clip_grad_norm_
 from ddplab.fsdp_layout import (
-    offsets,
-    padded_rows,
     parameter_major,
     shard,
-    shard_major,
-    shard_rows,
-    split_shards,
 )
-from ddplab.ring_halves import ring_all_gather, ring_reduce_scatter
-from ddplab.run.ranks import point_to_point_context
-from ddplab.run.replot import draw_figures, replot
+from ddplab.run.chapter_main import run_chapter
 from ddplab.zero2 import ShardedGradients
 
 CHAPTER = 11
@@ -176,69 +168,11 @@ def flat_average(grads, shapes, rank: int, world: int, group=None) -> list[torch
             for t, s in zip(message.split(rows), shapes, strict=True)]
 
 
-def shard_major_average(grads, shapes, rank: int, world: int) -> list[torch.Tensor]:
-    """fully_shard's reduction (and FullyShardedDP's): the shard-major message, one
-    reduce-scatter with AVG, this rank's row cut back into its shards."""
-    message = shard_major(grads, world)
-    row = message.new_empty(message.shape[1])
-    dist.reduce_scatter_single(row, message.view(-1), op=dist.ReduceOp.AVG)
-    return split_shards(row, shapes, rank, world)
-
-
 class FlatLayoutFSDP(FullyShardedDP):
     """FullyShardedDP with the flat layout's reduction (``flat_average``)."""
 
     def reduce_scatter(self, grads, shapes, group):
         return flat_average(grads, shapes, self.rank, self.world, group)
-
-
-def first_difference(ctx, size) -> dict | None:
-    """One backward; each layer's gradients averaged in both layouts: the first element (layer
-    by layer, in element order) whose averaged bits differ, and where each layout puts it in
-    its message (``fsdp_layout.offsets``).  None if every element agrees (always at 2 ranks)."""
-    model = make_model(size).to(ctx.device)
-    x, y = batches(ctx, size, 1)[0]
-    F.cross_entropy(model(x), y).backward()
-    layers = [(name, layer) for name, layer in model.named_children()
-              if any(True for _ in layer.parameters())]
-    every = [None] * ctx.world_size
-    dist.all_gather_object(every, first_on_this_rank([m for _, m in layers], ctx))
-    found = [e for e in every if e is not None]
-    if not found:
-        return None
-    at, index, element, native, flat = min(found)  # the first layer, parameter, element
-    name, layer = layers[at]
-    param_name, param = list(layer.named_parameters())[index]
-    shapes = [p.shape for p in layer.parameters()]
-    position = ", ".join(str(int(i)) for i in torch.unravel_index(torch.tensor(element),
-                                                                 param.shape))
-    where = offsets(shapes, index, element, ctx.world_size)
-    return {"element": f"{name}.{param_name}[{position}]", "owner": where["owner"],
-            "shard_major_offset": where["shard_major"],
-            "parameter_major_offset": where["parameter_major"],
-            "message_numel": ctx.world_size * sum(padded_rows(s[0], ctx.world_size)
-                                                  * s[1:].numel() for s in shapes),
-            "fully_shard": native, "flat_layout": flat}
-
-
-def first_on_this_rank(layers, ctx) -> tuple | None:
-    """(layer, parameter, element of the full parameter, both averages) of the first element
-    of this rank's shards that the two layouts average differently.  Every rank reduces every
-    layer: the collectives need them all."""
-    rank, world, first = ctx.rank, ctx.world_size, None
-    for at, layer in enumerate(layers):
-        grads = [p.grad for p in layer.parameters()]
-        shapes = [g.shape for g in grads]
-        pairs = zip(shard_major_average(grads, shapes, rank, world),
-                    flat_average(grads, shapes, rank, world), strict=True)
-        for index, (native, flat) in enumerate(pairs):
-            bad = (native.reshape(-1) != flat.reshape(-1)).nonzero()
-            if first is None and bad.numel():
-                local = bad[0].item()
-                rows_before = shard_rows(shapes[index][0], rank, world).start
-                first = (at, index, rows_before * shapes[index][1:].numel() + local,
-                         native.reshape(-1)[local].item(), flat.reshape(-1)[local].item())
-    return first
 
 
 def equality(ctx, args) -> dict:
@@ -262,8 +196,10 @@ def equality(ctx, args) -> dict:
         model, optimizer, _ = runs[stage]
         return [*model.parameters(), *probe.adam_state(model, optimizer)]
     ddp_shards = [shard(p.detach(), ctx.rank, ctx.world_size) for p in ddp.parameters()]
+    first = probe.first_difference(make_model(size).to(ctx.device), batches(ctx, size, 1)[0],
+                                   ctx, flat_average)
     return {"steps": args.steps, "world_size": ctx.world_size,
-            "first_difference": first_difference(ctx, size), "max_abs_diff": {
+            "first_difference": first, "max_abs_diff": {
         "zero1_ours_vs_zero_redundancy": diff(zero1.parameters(), native1.parameters()),
         "zero1_ours_vs_ddp": diff(zero1.parameters(), ddp.parameters()),
         "zero2_ours_vs_ddp": diff(runs["zero2"][0].module.parameters(), ddp.parameters()),
@@ -292,7 +228,7 @@ def communication(ctx, args) -> dict:
     numel = sum(p.numel() for p in make_model(size).parameters())
     counted = costmodel.zero3_bytes_per_step(numel * 4, ctx.world_size)
     return {"measured": measured, "counted": counted, "param_bytes": numel * 4,
-            "timeline": timeline(ctx, size, x, y), "ring_halves": ring_halves(ctx, args)}
+            "timeline": timeline(ctx, size, x, y), "ring_halves": probe.ring_halves(ctx)}
 
 
 def timeline(ctx, size, x, y) -> dict:
@@ -309,28 +245,6 @@ def timeline(ctx, size, x, y) -> dict:
     end_ms = (time.perf_counter() - start) * 1e3
     return {"events": events, "layers": names, "backward_starts_ms": backward_ms,
             "end_ms": end_ms, "rank": ctx.rank}
-
-
-def ring_halves(ctx, args) -> dict:
-    """Our ring reduce-scatter and all-gather against gloo's, and gloo's all-reduce, per size."""
-    if point_to_point_context(ctx).backend != "gloo":
-        return {"skipped": "the ring halves are timed on gloo (CPU tensors) only"}
-    world, rows, reps = ctx.world_size, [], 5 if ctx.quick else 15
-    for nbytes in [1 << 20, 4 << 20] if ctx.quick else [1 << 20, 4 << 20, 16 << 20]:
-        n = nbytes // 4 // world * world
-        message = torch.randn(n, generator=torch.Generator().manual_seed(ctx.rank))
-        ours, theirs = torch.empty(n // world), torch.empty(n // world)
-        gathered, reference = torch.empty(n * world), torch.empty(n * world)
-        calls = {"ring_reduce_scatter": partial(ring_reduce_scatter, ours, message),
-                 "gloo_reduce_scatter": partial(dist.reduce_scatter_single, theirs, message),
-                 "gloo_all_reduce": lambda m=message: dist.all_reduce(m.clone()),
-                 "ring_all_gather": partial(ring_all_gather, gathered, message),
-                 "gloo_all_gather": partial(dist.all_gather_single, reference, message)}
-        median = {k: statistics.median(probe.timed(call, reps)) for k, call in calls.items()}
-        rows.append({"bytes": n * 4, "median_ms": median,
-                     "reduce_scatter_max_abs_diff": probe.max_diff([ours], [theirs]),
-                     "all_gather_max_abs_diff": probe.max_diff([gathered], [reference])})
-    return {"sizes": rows, "repeats": reps}
 
 
 # --- 4. gradient accumulation under sharding, and clipping ------------------------------------
@@ -500,26 +414,20 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.replot:
-        replot(args.out, CHAPTER, drawing.chapter11.draw)
-        return None
-    run = ddplab.launch(worker, args)
-    if run is None:
-        return None
+def finish(args, run: ddplab.Run) -> dict:
+    """Rank 0's result, the 2 -> 3 reload (its own launches), the cost model and the verdicts."""
     result = run.result
     result["reshard"] = probe.save_then_continue(args, run, dcp_save, continue_and_compare)
     if "equality" in result["reshard"]:  # not under torchrun, which cannot start 3 ranks
         result["equality_3"] = result["reshard"].pop("equality")
     result["cost_model"] = report.cost_model(costmodel)
     result["verdicts"] = report.verdicts(result, run.provenance["backend"])
-    with ddplab.chapter_output(args.out, CHAPTER) as out:
-        ddplab.write_results(out, CHAPTER, result, run.provenance)
-        names = draw_figures(out, drawing.chapter11.draw)
-    print(report.summarize(result, run.provenance))
-    print(f"wrote {args.out / f'chapter{CHAPTER:02d}'}/{{{', '.join(names)}, results.json}}")
     return result
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    return run_chapter(CHAPTER, parse_args(argv), worker, finish=finish, draw=drawing.draw,
+                       summarize=lambda result, run: report.summarize(result, run.provenance))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ddplab import BucketedDDP, NaiveDDP
 from ddplab.bucketed_ddp import assign_buckets, native_buffer_sync
+from ddplab.run.ranks import max_over_ranks
 from ddplab.run.timeline import Timeline
 
 
@@ -108,12 +109,6 @@ def max_diff(a: nn.Module, b: nn.Module, what: str = "state") -> float:
     else:
         pairs = list(zip(a.state_dict().values(), b.state_dict().values(), strict=True))
     return max(((x.double() - y.double()).abs().max().item() for x, y in pairs), default=0.0)
-
-
-def max_over_ranks(value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 class Wide(nn.Sequential):
@@ -262,8 +257,7 @@ class ReverseOrderLayout(BucketedDDP):
 
     def __init__(self, module: nn.Module):
         super().__init__(module, 0.001)
-        self._use_layout(assign_buckets(self.params, self.caps[1]))
-        self._rebuilt = True
+        self.use_layout(assign_buckets(self.params, self.caps[1]), keep=True)
 
 
 def bitwise_cases(ctx, args) -> dict:

@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor
 from ddplab import FullyShardedDP
 from ddplab.fsdp import clip_grad_norm_
 from ddplab.fsdp_layout import offsets, parameter_major, shard, split_shards
+from ddplab.run.ranks import max_over_ranks
 
 
 def model() -> nn.Module:
@@ -90,12 +91,6 @@ def finish(wrapped) -> None:
 
 def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
-
-
-def max_over_ranks(value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def diff(xs, ys) -> float:

@@ -14,10 +14,9 @@ from collective_workers import chapter02
 from conftest import REPO
 
 from backstage import chapter05_report
-from backstage.chapter03 import per_call_costs
+from backstage.chapter03 import label_bytes, per_call_costs
 from backstage.chapter03 import verdicts as ring_verdicts
 from backstage.chapter04 import sweep_reading, sweep_verdict
-from drawing.chapter03 import label_bytes
 
 MiB = 2**20
 PAGE_03 = (REPO / "docs" / "chapters" / "03-ring-allreduce.md").read_text()
@@ -53,7 +52,7 @@ def ring_results(changes: dict | None = None) -> dict:
     for s in m["sizes_bytes"]:  # the busbw ratio is gloo's time over the ring's
         m["ratio_ring_to_native_busbw"][str(s)] = (m["time_ms"]["native"][str(s)]
                                                    / m["time_ms"]["ring"][str(s)])
-    m["verdicts"] = ring_verdicts(m, label_bytes)
+    m["verdicts"] = ring_verdicts(m)
     return m
 
 
@@ -132,7 +131,7 @@ def test_page_03_renders_the_run_s_world_size(render_page):
 def test_the_ring_alpha_gap_to_naive_follows_the_run_and_claims_no_share(render_page):
     m = ring_results()
     m["alpha_beta"]["naive"]["alpha_us"] = m["alpha_beta"]["ring"]["alpha_us"] - 100.0
-    m["verdicts"] = ring_verdicts(m, label_bytes)
+    m["verdicts"] = ring_verdicts(m)
     gap = m["verdicts"]["alpha_gap_to_naive"]
     messages = m["per_call"]["messages"]
     assert gap["gap_ms"] == pytest.approx(messages * 0.1)
@@ -141,7 +140,7 @@ def test_the_ring_alpha_gap_to_naive_follows_the_run_and_claims_no_share(render_
     assert gap["text"] in render_page(PAGE_03, "03", m)
     for above in (1.0, 0.0):  # a gap of the other sign, and a tie
         m["alpha_beta"]["naive"]["alpha_us"] = m["alpha_beta"]["ring"]["alpha_us"] + above
-        m["verdicts"] = ring_verdicts(m, label_bytes)
+        m["verdicts"] = ring_verdicts(m)
         assert "so there is no gap to explain" in render_page(PAGE_03, "03", m)
 
 
@@ -152,12 +151,12 @@ def test_a_message_dearer_than_an_empty_call_leaves_no_negative_once_per_call_co
     m["segments"]["extra_ms_per_message"] = fit["alpha_us"] * 1e-3 * 2  # twice one α
     m["per_call"] = per_call_costs(fit, m["segments"], world)
     assert m["per_call"]["once_per_call_ms"] is None and m["per_call"]["rest_ms"] < 0
-    m["verdicts"] = ring_verdicts(m, label_bytes)
+    m["verdicts"] = ring_verdicts(m)
     page = render_page(PAGE_03, "03", m)
     assert "cost more than the whole empty call" in page and "paid once per call —" not in page
     m["segments"]["extra_ms_per_message"] = None
     m["per_call"] = per_call_costs(fit, m["segments"], world)
-    assert "measured no cost per message" in ring_verdicts(m, label_bytes)["once_per_call"]
+    assert "measured no cost per message" in ring_verdicts(m)["once_per_call"]
 
 
 def test_the_bandwidth_verdict_compares_the_fits_with_what_was_measured(render_page):
@@ -166,7 +165,7 @@ def test_the_bandwidth_verdict_compares_the_fits_with_what_was_measured(render_p
         m = ring_results({("ring", largest): ring_ms, ("native", largest): 2.0})
         m["alpha_beta"]["ring"]["beta_gbps"] = 1.0
         m["alpha_beta"]["native"]["beta_gbps"] = 2.0
-        m["verdicts"] = ring_verdicts(m, label_bytes)
+        m["verdicts"] = ring_verdicts(m)
         v = m["verdicts"]["bandwidth_gap"]
         assert v["ring_at_largest"] == verb and v["ratio"] == pytest.approx(2.0)
         page = render_page(PAGE_03, "03", m)
@@ -175,12 +174,12 @@ def test_the_bandwidth_verdict_compares_the_fits_with_what_was_measured(render_p
         assert ("the fitted difference is not a measured one" in page) == (verb != "slower than")
         assert "explains" not in v["text"]
     m["alpha_beta"]["native"]["beta_gbps"] = 0.5  # the ring's fit the faster one
-    m["verdicts"] = ring_verdicts(m, label_bytes)
+    m["verdicts"] = ring_verdicts(m)
     page = render_page(PAGE_03, "03", m)
     assert "the ring's fitted 1/β is 2.00× gloo's" in page
     assert "not a measured one" not in page
     m["alpha_beta"]["native"]["beta_gbps"] = None  # no bandwidth term fitted
-    assert "fitted no bandwidth term" in ring_verdicts(m, label_bytes)["bandwidth_gap"]["text"]
+    assert "fitted no bandwidth term" in ring_verdicts(m)["bandwidth_gap"]["text"]
 
 
 def test_the_sizes_where_the_ring_s_busbw_is_below_gloo_s_follow_the_run(render_page):
@@ -201,21 +200,21 @@ def test_the_best_segment_is_judged_against_the_run_s_own_noise(render_page):
     by_label = {r["segment_label"]: r for r in rows}
     default = by_label[m["segments"]["default_segment"]]
     m["time_ms"]["ring"][str(m["segments"]["size_bytes"])] = default["time_ms"]  # no noise
-    m["verdicts"] = ring_verdicts(m, label_bytes)
+    m["verdicts"] = ring_verdicts(m)
     assert m["verdicts"]["best_segment"]["noise"] == 0
     assert "are larger than that noise" in render_page(PAGE_03, "03", m)
     m["time_ms"]["ring"][str(m["segments"]["size_bytes"])] = default["time_ms"] * 10  # noisy
-    m["verdicts"] = ring_verdicts(m, label_bytes)
+    m["verdicts"] = ring_verdicts(m)
     assert "within that noise, so this run does not tell" in render_page(PAGE_03, "03", m)
 
 
 def test_what_the_size_check_costs_follows_the_run(render_page):
     m = ring_results()
     m.pop("size_check_all_reduce_us", None)  # a run that did not time the check's all-reduce
-    m["verdicts"] = ring_verdicts(m, label_bytes)
+    m["verdicts"] = ring_verdicts(m)
     assert "did not time the check's own all-reduce alone" in render_page(PAGE_03, "03", m)
     m["size_check_all_reduce_us"] = m["size_check_us"] / 4
-    m["verdicts"] = ring_verdicts(m, label_bytes)
+    m["verdicts"] = ring_verdicts(m)
     assert "the Python around it" in m["verdicts"]["size_check"]
     assert "(75%)" in render_page(PAGE_03, "03", m)
 
@@ -239,7 +238,7 @@ def test_alpha_sentence_follows_which_alpha_is_smaller(render_page):
     for naive_alpha, expected in ((10.0, "its α is below gloo's"), (1e4, "no lower than gloo's"),
                                   (gloo, "no lower than gloo's")):
         m["alpha_beta"]["naive"]["alpha_us"] = naive_alpha
-        m["verdicts"] = ring_verdicts(m, label_bytes)
+        m["verdicts"] = ring_verdicts(m)
         assert expected in render_page(PAGE_03, "03", m)
 
 
@@ -354,7 +353,7 @@ def test_the_naive_link_sentence_follows_the_fitted_bandwidths(render_page):
     m = ring_results()
     for naive_gbps, expected in ((1e3, "as if its link were faster"), (1e-3, "no faster than")):
         m["alpha_beta"]["naive"]["beta_gbps"] = naive_gbps
-        m["verdicts"] = ring_verdicts(m, label_bytes)
+        m["verdicts"] = ring_verdicts(m)
         assert expected in render_page(PAGE_03, "03", m)
 
 

@@ -14,6 +14,7 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as NativeDDP
 
+from ddplab.run.ranks import max_over_ranks
 from ddplab.sharded_optimizer import ShardedOptimizer, partition_parameters
 
 STEPS = 4
@@ -35,12 +36,6 @@ def batches(rank: int, steps: int = STEPS, size: int = 7, features: int = 10, cl
     return [(torch.randn(size, features, generator=g),
              torch.randint(0, classes, (size,), generator=g))
             for _ in range(steps)]
-
-
-def max_over_ranks(value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def largest_difference(pairs) -> float:

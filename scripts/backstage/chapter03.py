@@ -5,10 +5,20 @@ process)."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
 
 IMPLS = ("ring", "native", "naive")  # the three all-reduces the chapter times
 FULL_RUN_LARGEST = 64 << 20  # the 64 MiB goal is set for the full run's largest size
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def label_bytes(n: int) -> str:
+    """A size as the chapter writes it everywhere (screen, results.json, figures): 4 KiB."""
+    return f"{n // MiB} MiB" if n >= MiB else f"{n // KiB} KiB"
+
+
+def bandwidth_text(gbps: float | None) -> str:
+    """A fitted bandwidth, or why there is none."""
+    return f"{gbps:.2f} GB/s" if gbps is not None else "unseen (sizes too small)"
 
 
 def correctness_summary(rows: list[dict], world: int) -> dict:
@@ -78,10 +88,9 @@ def per_call_costs(fit: dict, segments: dict, world: int) -> dict:
             "once_per_call_ms": rest if rest is not None and rest >= 0 else None}
 
 
-def summarize(metrics: dict, label_bytes: Callable[[int], str],
-              bandwidth_text: Callable[[float | None], str]) -> str:
-    """The run on one screen: correctness, the table by size, the fits and the goals
-    (``label_bytes``, ``bandwidth_text``: the figures' own labels, so screen and figures agree)."""
+def summarize(metrics: dict) -> str:
+    """The run on one screen: correctness, the table by size, the fits and the goals (in the
+    figures' words: ``label_bytes``, ``bandwidth_text``)."""
     c = metrics["correctness"]
     lines = [f"correct: {metrics['correct']} ({c['passed']}/{c['checks']} checks, sizes "
              f"{c['sizes']}, {', '.join(c['dtypes'])})"]
@@ -126,7 +135,7 @@ def join_words(words: list[str]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + f" and {words[-1]}"
 
 
-def runs_text(chosen: list[int], sizes: list[int], label: Callable[[int], str]) -> str:
+def runs_text(chosen: list[int], sizes: list[int]) -> str:
     """The chosen sizes as runs of neighbours in ``sizes``: "4 KiB to 2 MiB and 8 MiB"."""
     runs: list[list[int]] = []
     for i, size in enumerate(sizes):
@@ -138,12 +147,12 @@ def runs_text(chosen: list[int], sizes: list[int], label: Callable[[int], str]) 
             runs.append([size])
     words = []
     for run in runs:  # two neighbours read better as "1 MiB and 2 MiB"
-        words += ([label(s) for s in run] if len(run) <= 2
-                  else [f"{label(run[0])} to {label(run[-1])}"])
+        words += ([label_bytes(s) for s in run] if len(run) <= 2
+                  else [f"{label_bytes(run[0])} to {label_bytes(run[-1])}"])
     return join_words(words)
 
 
-def ring_against_gloo(m: dict, label: Callable[[int], str]) -> str:
+def ring_against_gloo(m: dict) -> str:
     """How the ring's busbw compared with gloo's on bucket-sized tensors, as a plain clause:
     "more than 10 % slower than gloo below 16 MiB, and as fast or faster from 16 MiB up"."""
     ratio, sizes = m["ratio_ring_to_native_busbw"], m["sizes_bytes"]
@@ -157,12 +166,12 @@ def ring_against_gloo(m: dict, label: Callable[[int], str]) -> str:
     switches = [i for i in range(1, len(band)) if trails[i] != trails[i - 1]]
     if len(switches) == 1:  # one threshold: say it as one
         first, then = (slower, "as fast or faster") if trails[0] else (as_fast, slower)
-        edge = label(band[switches[0]])
+        edge = label_bytes(band[switches[0]])
         return f"the ring was {first} below {edge}, and {then} from {edge} up"
     behind = [s for s, slow in zip(band, trails, strict=True) if slow]
     level = [s for s in band if s not in behind]
-    return (f"the ring was {slower} at {runs_text(behind, band, label)}, and as fast or faster "
-            f"at {runs_text(level, band, label)}")
+    return (f"the ring was {slower} at {runs_text(behind, band)}, and as fast or faster "
+            f"at {runs_text(level, band)}")
 
 
 def same_at_print(ratio: float) -> bool:
@@ -175,7 +184,7 @@ def ratio_span(values: list[float]) -> str:
     return f"{low:.2f}×" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}× to {high:.2f}×"
 
 
-def naive_against_the_others(m: dict, label: Callable[[int], str]) -> dict:
+def naive_against_the_others(m: dict) -> dict:
     """Where the naive all-reduce was the fastest of the three, and where it was faster than,
     as fast as (a time ratio that prints as 1.00) or slower than the ring, with the range of its
     time over the ring's at those sizes."""
@@ -186,11 +195,11 @@ def naive_against_the_others(m: dict, label: Callable[[int], str]) -> dict:
     tied = [s for s in sizes if same_at_print(ratio[s])]
     faster = [s for s in sizes if ratio[s] < 1 and s not in tied]
     slower = [s for s in sizes if ratio[s] > 1 and s not in tied]
-    fastest_text = (f"was the fastest of the three at {runs_text(fastest, sizes, label)}"
+    fastest_text = (f"was the fastest of the three at {runs_text(fastest, sizes)}"
                     if fastest else "was the fastest of the three at no size")
 
     def side(word: str, chosen: list[int]) -> str:
-        return (f"{word} the ring at {runs_text(chosen, sizes, label)} "
+        return (f"{word} the ring at {runs_text(chosen, sizes)} "
                 f"({ratio_span([ratio[s] for s in chosen])} its time)")
 
     sides = [side(word, chosen) for word, chosen in (("faster than", faster),
@@ -278,18 +287,18 @@ def once_per_call(m: dict) -> str:
             f"check")
 
 
-def busbw_below_gloo(m: dict, label: Callable[[int], str]) -> tuple[list[int], str]:
+def busbw_below_gloo(m: dict) -> tuple[list[int], str]:
     """The sizes where the ring's bus bandwidth was below gloo's (a ratio that prints below
     1.00), with the range of the ratio there, as a clause."""
     ratio, sizes = m["ratio_ring_to_native_busbw"], m["sizes_bytes"]
     below = [s for s in sizes if ratio[str(s)] < 1 and not same_at_print(ratio[str(s)])]
     if not below:
         return below, "the ring's bus bandwidth was below gloo's at no size"
-    return below, (f"the ring's bus bandwidth was below gloo's at {runs_text(below, sizes, label)}"
+    return below, (f"the ring's bus bandwidth was below gloo's at {runs_text(below, sizes)}"
                    f" ({ratio_span([ratio[str(s)] for s in below])} of it)")
 
 
-def bandwidth_gap(m: dict, label: Callable[[int], str]) -> dict:
+def bandwidth_gap(m: dict) -> dict:
     """The two fitted 1/β against what was measured: the sizes where the ring's bus bandwidth
     was below gloo's, and the largest size, where the fits' bandwidth terms weigh most.  No
     share of a gap is claimed: the run times what one more message costs the ring, not what
@@ -302,9 +311,9 @@ def bandwidth_gap(m: dict, label: Callable[[int], str]) -> dict:
     fitted = ("the two fitted 1/β are the same" if same_at_print(ratio) else
               f"gloo's fitted 1/β is {ratio:.2f}× the ring's" if ratio > 1 else
               f"the ring's fitted 1/β is {1 / ratio:.2f}× gloo's")
-    below, measured = busbw_below_gloo(m, label)
+    below, measured = busbw_below_gloo(m)
     largest = m["largest"]["size_bytes"]
-    size = label(largest)
+    size = label_bytes(largest)
     times = {name: m["time_ms"][name][str(largest)] for name in ("ring", "native")}
     errors = {name: m["alpha_beta"][name]["rel_err"][str(largest)] for name in times}
     at_largest = times["native"] / times["ring"]
@@ -380,18 +389,18 @@ def size_check_cost(m: dict) -> str:
                    f"({python / check:.0%})")
 
 
-def verdicts(m: dict, label: Callable[[int], str]) -> dict:
+def verdicts(m: dict) -> dict:
     """Every comparison the page draws from this run, computed (values and the phrases the
     page renders), so that a run that measures otherwise changes the sentence with it."""
     beta = {name: m["alpha_beta"][name]["beta_gbps"] or 0.0 for name in ("naive", "ring")}
-    return {"ring_against_gloo_in_buckets": ring_against_gloo(m, label),
-            "naive": naive_against_the_others(m, label),
+    return {"ring_against_gloo_in_buckets": ring_against_gloo(m),
+            "naive": naive_against_the_others(m),
             "naive_link": ("as if its link were faster, which no real link would be"
                            if beta["naive"] > beta["ring"] else
                            "no faster than the ring's: in this run the fit does not show it"),
             "alpha": alpha_comparison(m),
             "alpha_gap_to_naive": alpha_gap_to_naive(m),
-            "bandwidth_gap": bandwidth_gap(m, label),
+            "bandwidth_gap": bandwidth_gap(m),
             "once_per_call": once_per_call(m),
             "best_segment": best_segment(m),
             "size_check": size_check_cost(m),

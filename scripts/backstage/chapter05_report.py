@@ -7,6 +7,11 @@ Equivalence (max |Δ parameter| of each variant against native DDP, with a verdi
 
 from __future__ import annotations
 
+LABELS = {"local": "local (no communication)", "naive": "NaiveDDP", "bucketed": "BucketedDDP",
+          "native": "native DDP", "single": "one process, global batch",
+          "no_sync": "BucketedDDP + no_sync",
+          "native_view": "native DDP, gradient_as_bucket_view"}  # on screen and in the figures
+
 
 def memory_results(peaks: dict, setup_steps: int, steady_steps: int, fresh: bool) -> dict:
     """Each variant's peak memory (setup, steady state), and its ratio to native DDP's."""
@@ -23,8 +28,8 @@ def verdict(value: float) -> str:
     return "bit for bit" if value == 0.0 else "float rounding" if value < 1e-4 else "DIFFERENT"
 
 
-def summarize(r: dict, prov: dict, labels: dict, variants: tuple, memory_variants: tuple) -> str:
-    """The chapter's results on one screen (``labels``: each variant's name in the figures)."""
+def summarize(r: dict, prov: dict, variants: tuple, memory_variants: tuple) -> str:
+    """The chapter's results on one screen."""
     m, eq, tr = r["model"], r["equivalence"], r["training"]
     why = r["why_naive_is_slower"]
     lines = [
@@ -56,7 +61,7 @@ def summarize(r: dict, prov: dict, labels: dict, variants: tuple, memory_variant
              "native": f"{calls['native']} bucket(s), during backward"}
     for kind in variants:
         ratio = "" if kind == "native" else f"×{r['ratio_to_native'][kind]:.2f} native"
-        lines.append(f"  {labels[kind]:<26} {r['step_time_ms'][kind]:7.1f} ms  {ratio:<13} "
+        lines.append(f"  {LABELS[kind]:<26} {r['step_time_ms'][kind]:7.1f} ms  {ratio:<13} "
                      f"{notes[kind]}")
     lines.append(f"  one tiny all-reduce takes {why['small_allreduce_ms']:.2f} ms; the whole "
                  f"{why['gradient_mib']:.1f} MiB gradient in one message "
@@ -64,7 +69,7 @@ def summarize(r: dict, prov: dict, labels: dict, variants: tuple, memory_variant
     mem = r["peak_memory_mb"]
     if mem:
         lines.append("Peak memory added per rank, setup | steady state (MiB): " + ", ".join(
-            f"{labels[k]} {mem[k]['setup']:.0f} | {mem[k]['steady']:.0f}"
+            f"{LABELS[k]} {mem[k]['setup']:.0f} | {mem[k]['steady']:.0f}"
             for k in memory_variants))
     scaling = r["scaling"]
     if "points" in scaling:

@@ -1,6 +1,6 @@
 """Chapter 06's launching process: rank 0's measurements turned into results.json, and a summary.
 
-* ``add_flags``, ``checked_args``: the chapter's own flags (--delays, --slow-rank), checked;
+* ``checked_args``: the chapter's own flags (--delays, --slow-rank) checked;
 * ``summarize_sweep``: a straggler sweep's step times and idle times, and the fitted slopes;
 * ``chapter_metrics``: results.json (what the page and scripts/drawing/chapter06.py read);
 * ``summarize``: the results on one screen.
@@ -15,16 +15,6 @@ from dataclasses import asdict
 from ddplab import stragglers
 from ddplab.run.cli import UsageError
 from ddplab.run.launch import planned_world_size
-
-
-def add_flags(parser, delays: dict) -> None:
-    """--delays and --slow-rank (``delays``: the default delays, "quick" and "full")."""
-    parser.add_argument("--delays", default=None, metavar="MS,MS,...",
-                        help="delays to inject on the late rank, in ms (default: "
-                             f"{','.join(map(str, delays['full']))}; with --quick "
-                             f"{','.join(map(str, delays['quick']))})")
-    parser.add_argument("--slow-rank", type=int, default=None, metavar="R",
-                        help="which rank is late (default: the last one)")
 
 
 def checked_args(args, delays: dict):

@@ -15,16 +15,16 @@ shares:
 from __future__ import annotations
 
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddplab import stragglers
 from ddplab.bucketed_ddp import BucketedDDP
-from ddplab.run import timeline
+from ddplab.run import models, ranks, timeline
 from ddplab.run.ranks import RankContext
 
 BUCKET_MB = 0.25          # small buckets: several all-reduces per step, visible on a timeline
@@ -55,10 +55,9 @@ def rank_batch(ctx: RankContext, shape: tuple[int, ...], salt: int = 0):
     return x.to(ctx.device), y.to(ctx.device)
 
 
-def native_ddp(model: nn.Module, ctx: RankContext, **kwargs) -> DDP:
-    model = model.to(ctx.device)
-    ids = {"device_ids": [ctx.local_rank]} if ctx.device.type == "cuda" else {}
-    return DDP(model, bucket_cap_mb=BUCKET_MB, **ids, **kwargs)
+# Chapter 06's settings of the shared helpers: its bucket size, plain SGD at lr 0.01.
+native_ddp = partial(ranks.native_ddp, bucket_cap_mb=BUCKET_MB)
+sgd = partial(models.sgd, lr=0.01)
 
 
 def wrapped(kind: str, ctx: RankContext, tl: timeline.Timeline):
@@ -70,10 +69,6 @@ def wrapped(kind: str, ctx: RankContext, tl: timeline.Timeline):
     ddp = native_ddp(model, ctx)
     ddp.register_comm_hook(None, stragglers.timed_allreduce_hook(tl))
     return ddp
-
-
-def sgd(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=0.01)
 
 
 def record_timeline(ctx, model: nn.Module, tl: timeline.Timeline, x, y, train_step, *, steps: int,
@@ -126,17 +121,23 @@ def profiler_traces(ctx, train_step, steps: int = 2) -> list[str] | None:
     return traces
 
 
-def write_traces(out: Path, result: dict) -> list[str]:
+def traces(result: dict) -> dict[str, list | str]:
+    """The run's trace files by name: Chrome/Perfetto events, and on GPUs the profiler's text."""
     def with_idle(events):
         return events + stragglers.idle_events(events)
     files = {"trace_native_ddp.json": with_idle(result["timelines"]["native"]),
              "trace_bucketed_ddp.json": result["timelines"]["bucketed"],
              "trace_straggler.json": with_idle(result["bubble"])}
-    for name, events in files.items():
-        timeline.write_chrome_trace(out / name, events)
-    names = list(files)
     for rank, trace in enumerate(result.get("profiler_traces", [])):
-        name = f"profiler_rank{rank}.json"
-        (out / name).write_text(trace)
-        names.append(name)
-    return names
+        files[f"profiler_rank{rank}.json"] = trace
+    return files
+
+
+def write_traces(out: Path, result: dict) -> list[str]:
+    files = traces(result)
+    for name, trace in files.items():
+        if isinstance(trace, str):
+            (out / name).write_text(trace)
+        else:
+            timeline.write_chrome_trace(out / name, trace)
+    return list(files)

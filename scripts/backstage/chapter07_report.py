@@ -23,32 +23,17 @@ import torch
 import torch.distributed as dist
 
 from backstage.chapter07_restart import loss_series
-from ddplab import checkpoint as ck
-from ddplab import checkpoint_dcp as dcpck
+from ddplab import checkpoint, checkpoint_dcp
 from ddplab import checkpoint_pitfalls as pitfalls
 from ddplab.checkpoint_pitfalls import max_abs_diff
 from ddplab.run import timing
 from ddplab.run.cli import UsageError
 from ddplab.run.launch import started_by_torchrun
-from ddplab.run.replot import draw_figures, write_figure_data
-from ddplab.run.results import chapter_output, write_results
+from ddplab.run.replot import write_figure_data
 from ddplab.run.timing import slowest_rank
 
 SKIPPED_UNDER_TORCHRUN = "needs several launches; run with python (mp.spawn) for this part"
 LOCK_NAME = ".ddplab-run.lock"  # in --ckpt-dir: who is writing checkpoints there
-
-
-def add_arguments(parser) -> None:
-    """Chapter 07's own flags, beside the ones every chapter has."""
-    parser.add_argument("--ckpt-dir", type=Path, default=None, metavar="DIR",
-                        help="where checkpoints go (default: a temporary directory, removed at "
-                             "the end; with --train: required)")
-    parser.add_argument("--train", action="store_true",
-                        help="only train (resuming from --ckpt-dir if it has a checkpoint)")
-    parser.add_argument("--crash-at-step", type=int, default=None, metavar="K",
-                        help="with --train: the last rank dies at step K (first attempt only)")
-    parser.add_argument("--crash-how", choices=("raise", "kill"), default="raise",
-                        help="raise an exception, or SIGKILL the process (default: raise)")
 
 
 def check_args(args, steps: int) -> None:
@@ -150,7 +135,7 @@ def reference_metrics(config: dict, reference: dict, work: Path, world_size: int
     """results.json's first part: the uninterrupted run, what a save costs, the pitfalls, then
     what loading bad input says (``smaller``: a model the checkpoint does not fit) and the
     atomic-save demo."""
-    good = ck.latest_checkpoint(work / "reference" / "torch")
+    good = checkpoint.latest_checkpoint(work / "reference" / "torch")
     metrics = {"config": config,
                "uninterrupted": {"replica_diff": reference["replica_diff"]},
                **save_costs(reference, work, world_size),
@@ -183,8 +168,8 @@ def save_costs(reference: dict, work: Path, world_size: int) -> dict:
               for k in torch_saves[0]["torch_phases"]}
     save_ms = timing.median([s["torch"] for s in torch_saves])
     phases["prune_barrier"] = max(0.0, save_ms - sum(phases.values()))
-    dcp_dir = dcpck.list_distributed(work / "reference" / "dcp")[-1]
-    dcp_mb = dcpck.dcp_mb_per_rank(dcp_dir, world_size)
+    dcp_dir = checkpoint_dcp.list_distributed(work / "reference" / "dcp")[-1]
+    dcp_mb = checkpoint_dcp.dcp_mb_per_rank(dcp_dir, world_size)
     dcp_ms = timing.median([s["dcp"] for s in reference["saves"]])
     return {"save_ms": save_ms, "save_phases_ms": phases,
             "checkpoint_mb": torch_saves[-1]["torch_bytes"] / 1e6,
@@ -254,7 +239,10 @@ def summarize(metrics: dict) -> str:
 
 
 def write_final(run, ckpt_dir: Path) -> None:
-    """--train's end: rank 0 leaves final.pt in ``ckpt_dir`` and says how the run went."""
+    """--train's end: rank 0 leaves final.pt in ``ckpt_dir`` and says how the run went (the
+    other ranks, under torchrun, have no ``run``: nothing to do)."""
+    if run is None:
+        return None
     result = run.result
     torch.save({"params": result["params"], "replica_diff": result["replica_diff"],
                 "resumed_from": result["resumed_from"], "attempt": result["attempt"]},
@@ -267,15 +255,11 @@ def write_final(run, ckpt_dir: Path) -> None:
           f"final parameters in {ckpt_dir / 'final.pt'}")
 
 
-def write_outputs(out_root: Path, chapter: int, parts: dict, draw) -> None:
-    """results.json, the loss curves and the restart's log beside it, the figures, a summary."""
-    metrics = parts["metrics"]
-    with chapter_output(out_root, chapter) as out:
-        write_results(out, chapter, metrics, parts["provenance"])
-        if "restart" in parts:  # what resume.png and restart.png draw beyond results.json
-            write_figure_data(out, "resume.json", parts["curves"])
-            write_figure_data(out, "restart.json", {k: parts["restart"][k]
-                                                    for k in ("log", "started")})
-        names = draw_figures(out, draw)
-    print(summarize(metrics))
-    print(f"wrote {out_root / f'chapter{chapter:02d}'}/{{{', '.join(names)}, results.json}}")
+def write_figure_files(folder: Path, metrics: dict, run) -> list[str]:
+    """What resume.png and restart.png draw beyond results.json (a run with every part)."""
+    parts = run.result
+    if "restart" not in parts:
+        return []
+    write_figure_data(folder, "resume.json", parts["curves"])
+    write_figure_data(folder, "restart.json", {k: parts["restart"][k] for k in ("log", "started")})
+    return ["resume.json", "restart.json"]

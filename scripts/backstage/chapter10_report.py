@@ -1,5 +1,5 @@
-"""Chapter 10's plumbing: its flags (the reader's, and the hidden ones a node's ranks get), a
-node's failure as one line, and the run on one screen: each measured step against the model's
+"""Chapter 10's plumbing: the hidden flags a node's ranks get, a node's environment, a node's
+failure as one line, and the run on one screen: each measured step against the model's
 prediction, and the failovers.
 The story (two emulated nodes, the failover, the model checked and projected) stays in
 scripts/chapter10_many_nodes.py.
@@ -8,36 +8,43 @@ scripts/chapter10_many_nodes.py.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
-from ddplab import costmodel
-from ddplab.run.cli import positive
+from ddplab.run import netns
 from ddplab.run.launch import RankFailed
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    """--gpus, --link, --per-node, --algo (a prediction), --node-budget, --failover; and the
-    hidden flags the chapter passes to the ranks it starts on each node."""
-    parser.add_argument("--gpus", type=positive(int), default=None,
-                        help="also predict a step on this many GPUs")
-    parser.add_argument("--link", choices=sorted(costmodel.LINKS), default="ib-ndr",
-                        help="the link between nodes, for --gpus (default: ib-ndr)")
-    parser.add_argument("--per-node", type=positive(int), default=8,
-                        help="GPUs per node, for --gpus (default: 8)")
-    parser.add_argument("--algo", choices=("ring", "tree"), default="ring",
-                        help="all-reduce across nodes, for --gpus (default: ring)")
-    parser.add_argument("--node-budget", type=positive(float), default=300.0,
-                        help="seconds the two-node run may take in all (default: 300)")
-    parser.add_argument("--failover", action=argparse.BooleanOptionalAction, default=None,
-                        help="kill a node mid-training and resume (default: on, off with --quick)")
-    hidden = {"help": argparse.SUPPRESS}
+def add_node_flags(parser: argparse.ArgumentParser) -> None:
+    """The hidden flags the chapter passes to the ranks it starts on each node."""
     # tests: node b dies this many seconds after the first phase started
-    parser.add_argument("--kill-node-after", type=float, default=None, **hidden)
-    parser.add_argument("--node-worker", action="store_true", **hidden)
-    parser.add_argument("--nodes", type=int, default=1, **hidden)
-    parser.add_argument("--phases", default="loopback", **hidden)
-    parser.add_argument("--phase-dir", default=None, **hidden)
-    parser.add_argument("--node-result", default=None, **hidden)
+    parser.add_argument("--kill-node-after", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--node-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--nodes", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--phases", default="loopback", help=argparse.SUPPRESS)
+    parser.add_argument("--phase-dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--node-result", default=None, help=argparse.SUPPRESS)
+
+
+def node_tmpdir(scratch: Path, node: netns.Node) -> str:
+    """A node's own temporary directory, inside the run's: torchrun's torchelastic_* files
+    go with the run (the node's environment is built from scratch, without the reader's)."""
+    path = scratch / f"tmp-{node.namespace}"
+    path.mkdir(exist_ok=True)
+    return str(path)
+
+
+def failover_env(scratch: Path, node: netns.Node) -> dict:
+    return {"GLOO_SOCKET_IFNAME": node.interface, "PYTHONUNBUFFERED": "1",
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # see chapter 07
+            "TMPDIR": node_tmpdir(scratch, node), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+def wait_until(condition, deadline: float, what: str) -> None:
+    while not condition():
+        if time.monotonic() > deadline:
+            raise NodeFailed(f"failover: {what} did not happen in time")
+        time.sleep(0.05)
 
 
 class NodeFailed(RankFailed):

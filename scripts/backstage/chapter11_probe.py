@@ -1,5 +1,6 @@
 """What chapter 11 records while sharded models train: the collectives' messages, a per-layer
-timeline of FullyShardedDP's gathers and reduce-scatters, and the ledger of the hand-written FSDP.
+timeline of FullyShardedDP's gathers and reduce-scatters, the ledger of the hand-written FSDP,
+the first gradient element that two layouts sum differently, and the ring's halves timed.
 
 Layered on, not woven in: the collectives are recorded by wrapping ``dist.all_gather_single`` and
 ``dist.reduce_scatter_single`` (``fully_shard`` looks them up on ``torch.distributed`` at each
@@ -11,14 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import sys
 import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from ddplab.fsdp import FullyShardedDP
-from ddplab.fsdp_layout import padded_rows, shard_rows
+from ddplab.fsdp_layout import offsets, padded_rows, shard_major, shard_rows, split_shards
 from ddplab.memory_ledger import (
     FP32,
     Ledger,
@@ -30,7 +34,8 @@ from ddplab.memory_ledger import (
     zero2_ledger,
     zero3_ledger,
 )
-from ddplab.run.ranks import collective_device
+from ddplab.ring_halves import ring_all_gather, ring_reduce_scatter
+from ddplab.run.ranks import max_over_ranks, point_to_point_context
 
 WRAPPED = {"all_gather": "all_gather_single", "reduce_scatter": "reduce_scatter_single"}
 
@@ -193,9 +198,7 @@ def max_diff(xs, ys) -> float:
     """Largest |a - b| over pairs of tensors (DTensors: their local shards), over every rank."""
     worst = max(((local(a).double() - local(b).double()).abs().max().item()
                  for a, b in zip(xs, ys, strict=True) if local(a).numel()), default=0.0)
-    t = torch.tensor([worst], dtype=torch.float64, device=collective_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    return max_over_ranks(worst)
 
 
 def adam_state(model, optimizer):
@@ -219,17 +222,101 @@ def gradients_held_before_last(model: FullyShardedDP, x, y, micro: int, sync_eac
 def save_then_continue(args, run, save, resume) -> dict:
     """Launch ``save`` on 2 ranks, then ``resume`` on 3, with a checkpoint folder that is
     removed afterwards, whatever happens."""
-    import argparse
     import tempfile
     from pathlib import Path
 
+    from ddplab.run.cli import with_changes
     from ddplab.run.launch import launch
 
     if run.provenance["launcher"] == "torchrun":
         return {"skipped": "under torchrun the processes are the ranks: a script cannot start "
                            "other world sizes. Run it with python for the 2 -> 3 reload."}
     with tempfile.TemporaryDirectory(prefix="chapter11-dcp-") as folder:
-        given = {**vars(args), "checkpoint": Path(folder)}
-        saved = launch(save, argparse.Namespace(**{**given, "world_size": 2}))
-        loaded = launch(resume, argparse.Namespace(**{**given, "world_size": 3}))
+        saved = launch(save, with_changes(args, checkpoint=Path(folder), world_size=2))
+        loaded = launch(resume, with_changes(args, checkpoint=Path(folder), world_size=3))
     return {"saved_at": saved.result["world_size"], **loaded.result}
+
+
+# --- the first element the two layouts sum differently ------------------------------------------
+
+def shard_major_average(grads, shapes, rank: int, world: int) -> list[torch.Tensor]:
+    """fully_shard's reduction (and FullyShardedDP's): the shard-major message, one
+    reduce-scatter with AVG, this rank's row cut back into its shards."""
+    message = shard_major(grads, world)
+    row = message.new_empty(message.shape[1])
+    dist.reduce_scatter_single(row, message.view(-1), op=dist.ReduceOp.AVG)
+    return split_shards(row, shapes, rank, world)
+
+
+def first_difference(model, batch, ctx, flat_average) -> dict | None:
+    """One backward; each layer's gradients averaged shard-major (as ``fully_shard``) and by
+    ``flat_average``: the first element (layer by layer, in element order) whose averaged bits
+    differ, and where each layout puts it in its message (``fsdp_layout.offsets``).  None if
+    every element agrees (always at 2 ranks)."""
+    x, y = batch
+    F.cross_entropy(model(x), y).backward()
+    layers = [(name, layer) for name, layer in model.named_children()
+              if any(True for _ in layer.parameters())]
+    every = [None] * ctx.world_size
+    dist.all_gather_object(every, first_on_this_rank([m for _, m in layers], ctx,
+                                                      flat_average))
+    found = [e for e in every if e is not None]
+    if not found:
+        return None
+    at, index, element, native, flat = min(found)  # the first layer, parameter, element
+    name, layer = layers[at]
+    param_name, param = list(layer.named_parameters())[index]
+    shapes = [p.shape for p in layer.parameters()]
+    position = ", ".join(str(int(i)) for i in torch.unravel_index(torch.tensor(element),
+                                                                 param.shape))
+    where = offsets(shapes, index, element, ctx.world_size)
+    return {"element": f"{name}.{param_name}[{position}]", "owner": where["owner"],
+            "shard_major_offset": where["shard_major"],
+            "parameter_major_offset": where["parameter_major"],
+            "message_numel": ctx.world_size * sum(padded_rows(s[0], ctx.world_size)
+                                                  * s[1:].numel() for s in shapes),
+            "fully_shard": native, "flat_layout": flat}
+
+
+def first_on_this_rank(layers, ctx, flat_average) -> tuple | None:
+    """(layer, parameter, element of the full parameter, both averages) of the first element
+    of this rank's shards that the two layouts average differently.  Every rank reduces every
+    layer: the collectives need them all."""
+    rank, world, first = ctx.rank, ctx.world_size, None
+    for at, layer in enumerate(layers):
+        grads = [p.grad for p in layer.parameters()]
+        shapes = [g.shape for g in grads]
+        pairs = zip(shard_major_average(grads, shapes, rank, world),
+                    flat_average(grads, shapes, rank, world), strict=True)
+        for index, (native, flat) in enumerate(pairs):
+            bad = (native.reshape(-1) != flat.reshape(-1)).nonzero()
+            if first is None and bad.numel():
+                local = bad[0].item()
+                rows_before = shard_rows(shapes[index][0], rank, world).start
+                first = (at, index, rows_before * shapes[index][1:].numel() + local,
+                         native.reshape(-1)[local].item(), flat.reshape(-1)[local].item())
+    return first
+
+
+# --- the ring's two halves against gloo's, timed --------------------------------------------------
+
+def ring_halves(ctx) -> dict:
+    """Our ring reduce-scatter and all-gather against gloo's, and gloo's all-reduce, per size."""
+    if point_to_point_context(ctx).backend != "gloo":
+        return {"skipped": "the ring halves are timed on gloo (CPU tensors) only"}
+    world, rows, reps = ctx.world_size, [], 5 if ctx.quick else 15
+    for nbytes in [1 << 20, 4 << 20] if ctx.quick else [1 << 20, 4 << 20, 16 << 20]:
+        n = nbytes // 4 // world * world
+        message = torch.randn(n, generator=torch.Generator().manual_seed(ctx.rank))
+        ours, theirs = torch.empty(n // world), torch.empty(n // world)
+        gathered, reference = torch.empty(n * world), torch.empty(n * world)
+        calls = {"ring_reduce_scatter": partial(ring_reduce_scatter, ours, message),
+                 "gloo_reduce_scatter": partial(dist.reduce_scatter_single, theirs, message),
+                 "gloo_all_reduce": lambda m=message: dist.all_reduce(m.clone()),
+                 "ring_all_gather": partial(ring_all_gather, gathered, message),
+                 "gloo_all_gather": partial(dist.all_gather_single, reference, message)}
+        median = {k: statistics.median(timed(call, reps)) for k, call in calls.items()}
+        rows.append({"bytes": n * 4, "median_ms": median,
+                     "reduce_scatter_max_abs_diff": max_diff([ours], [theirs]),
+                     "all_gather_max_abs_diff": max_diff([gathered], [reference])})
+    return {"sizes": rows, "repeats": reps}

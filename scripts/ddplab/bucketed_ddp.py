@@ -84,6 +84,24 @@ def make_bucket(index: int, named_params: NamedParams) -> Bucket:
 # --8<-- [end:bucket]
 
 
+class BucketObserver:
+    """What a BucketedDDP reports while it works: pass one as ``observer=`` to watch it without
+    touching its logic.  Every method does nothing here; override the ones you need.
+    ``bucket_trace.BucketTrace`` is one (each bucket on a timeline, for the figures)."""
+
+    def bucket_launching(self, bucket: Bucket) -> None:
+        """``bucket``'s all-reduce (or comm hook) is about to start."""
+
+    def bucket_launched(self, bucket: Bucket) -> None:
+        """``bucket.work`` holds its reduction in flight: a ``dist.Work``, or a hook's Future."""
+
+    def backward_finishing(self) -> None:
+        """The end-of-backward callback starts: it waits for every bucket."""
+
+    def backward_finished(self) -> None:
+        """The end-of-backward callback has returned, or raised."""
+
+
 @torch.no_grad()
 def broadcast_from_rank0(tensors: list[torch.Tensor], coalesce: bool = False) -> None:
     """Copy rank 0's values into ``tensors`` on every rank.  ``coalesce``: one message per dtype
@@ -109,13 +127,14 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
     ``bucket_cap_mb`` and ``forward_sync_buffers`` mean what they mean for native DDP.
     ``timeline``: record each bucket's all-reduce as a ``comm`` span ``bucket {i}`` and the wait
     at the end of backward as a ``wait`` span.  ``overlap=False`` holds every bucket back until
-    backward has finished, to measure what overlapping buys.
+    backward has finished, to measure what overlapping buys.  ``observer``: a
+    ``BucketObserver`` told of every bucket launch and every end of backward.
+    ``use_layout(groups, keep=True)`` forces a bucket layout (tests compare one with native's).
     """
 
-    # --8<-- [start:init]
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None,
                  timeline: Timeline | None = None, *, overlap: bool = True,
-                 forward_sync_buffers: bool = True):
+                 forward_sync_buffers: bool = True, observer: BucketObserver | None = None):
         super().__init__()
         require_process_group("BucketedDDP")
         if bucket_cap_mb is not None and bucket_cap_mb <= 0:
@@ -129,9 +148,9 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
 
         self.params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._index = {p: i for i, (_, p) in enumerate(self.params)}
-        self._use_layout(first_iteration_layout(self.params))
-        # --8<-- [end:construct]
         self._rebuilt, self._arrival_order, self._next_bucket = False, [], 0
+        self.use_layout(first_iteration_layout(self.params))
+        # --8<-- [end:construct]
         self._finish_queued = self._sync_this_backward = False  # decided in forward
         self._sync_buffers_next = True  # native: decided by the previous forward
 
@@ -143,13 +162,16 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
 
         for _, param in self.params:
             param.register_post_accumulate_grad_hook(on_grad_ready)
-    # --8<-- [end:init]
-        if timeline is not None:  # for the figures: layered on, see run/tracing.py
-            BucketTrace(timeline).attach(self)
+        if timeline is not None:  # for the figures: an observer, see run/tracing.py
+            observer = BucketTrace(timeline)
+        self.observer = observer if observer is not None else BucketObserver()
 
-    def _use_layout(self, groups: list[NamedParams]) -> None:
+    def use_layout(self, groups: list[NamedParams], *, keep: bool = False) -> None:
+        """One bucket per group of (name, parameter), gradients at these offsets.  ``keep``:
+        never rebuild it (as after native's rebuild); tests force a layout with it."""
         self.buckets = [make_bucket(i, group) for i, group in enumerate(groups)]
         self._slot = {p: (b, i) for b in self.buckets for i, p in enumerate(b.params)}
+        self._rebuilt = self._rebuilt or keep
 
     # [comm hook] native DDP's API: see ddplab/comm_hooks.py
     _comm_hook: tuple | None = None  # (state, hook) once registered
@@ -186,8 +208,7 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
         Every rank takes rank 0's order (native's ``sync_bucket_indices``): same buckets."""
         order = torch.tensor(self._arrival_order, device=module_device(self.module))
         dist.broadcast(order, src=0)
-        self._use_layout(pack([self.params[i] for i in order.tolist()], list(self.caps)))
-        self._rebuilt = True
+        self.use_layout(pack([self.params[i] for i in order.tolist()], list(self.caps)), keep=True)
     # --8<-- [end:rebuild]
 
     # --8<-- [start:on_grad_ready]
@@ -221,11 +242,13 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
         while (self._next_bucket < len(self.buckets)
                and self.buckets[self._next_bucket].is_full()):
             bucket = self.buckets[self._next_bucket]
+            self.observer.bucket_launching(bucket)
             if self._comm_hook is not None:  # the hook reduces, and gives a Future to wait on
                 last = self._next_bucket == len(self.buckets) - 1
                 bucket.work = run_comm_hook(*self._comm_hook, bucket, is_last=last)
             else:
                 bucket.work = dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM, async_op=True)
+            self.observer.bucket_launched(bucket)
             self._next_bucket += 1
     # --8<-- [end:launch]
 
@@ -233,6 +256,7 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
     def _finish_backward(self) -> None:
         """Runs once, after the whole backward pass (the autograd engine calls it)."""
         self._finish_queued = self._sync_this_backward = False  # one forward, one averaging
+        self.observer.backward_finishing()
         try:
             self._check_every_gradient_arrived()
             self._launch_full_buckets()  # with overlap=False: all of them, now
@@ -247,6 +271,7 @@ class BucketedDDP(GradSyncSwitch, nn.Module):
                 bucket.ready.clear()
                 bucket.work = None
             self._next_bucket = 0
+            self.observer.backward_finished()
     # --8<-- [end:finish]
 
     # --8<-- [start:missing]

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import checkpoint as ck
+from . import checkpoint
 
 SCRIPTS = Path(__file__).resolve().parents[1]  # scripts/, where ddplab lives
 
@@ -115,9 +115,9 @@ def ddp_prefix(plain: nn.Module, model) -> dict:
     except RuntimeError as err:
         torch_error = " ".join(str(err).split())[:240]
     try:
-        ck.load_model_state(plain, model.state_dict(), Path("ddp_state.pt"))
+        checkpoint.load_model_state(plain, model.state_dict(), Path("ddp_state.pt"))
         ours = None
-    except ck.CheckpointError as err:
+    except checkpoint.CheckpointError as err:
         ours = str(err)
     return {"torch_error": torch_error, "our_error": ours}
 
@@ -131,15 +131,15 @@ def one_line(err: BaseException) -> str:
 def atomic_crash_demo(work: Path) -> dict:
     """A process killed between writing the temporary file and renaming it."""
     directory = work / "atomic"
-    code = ("import os, signal, sys, torch; from ddplab import checkpoint as ck; "
-            "d = sys.argv[1]; ck.save_checkpoint({'w': torch.ones(1000)}, d, step=1); "
+    code = ("import os, signal, sys, torch; from ddplab import checkpoint; "
+            "d = sys.argv[1]; checkpoint.save_checkpoint({'w': torch.ones(1000)}, d, step=1); "
             "os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL); "
-            "ck.save_checkpoint({'w': torch.zeros(1000)}, d, step=2)")
+            "checkpoint.save_checkpoint({'w': torch.zeros(1000)}, d, step=2)")
     env = {**os.environ, "PYTHONPATH": str(SCRIPTS)}
     proc = subprocess.run([sys.executable, "-c", code, str(directory)], env=env,
                           capture_output=True, text=True, timeout=120)
-    latest = ck.latest_checkpoint(directory)
-    state = ck.load_checkpoint(latest)
+    latest = checkpoint.latest_checkpoint(directory)
+    state = checkpoint.load_checkpoint(latest)
     return {"exit_code": proc.returncode, "files": sorted(p.name for p in directory.iterdir()),
             "latest": latest.name, "latest_loads": bool(state["w"].eq(1).all())}
 
@@ -155,13 +155,13 @@ def bad_input_demo(good: Path, work: Path, smaller: nn.Module) -> dict:
         path.parent.mkdir(parents=True)
         path.write_bytes(data)
         if checksum:
-            shutil.copy2(ck.checksum_path(good), ck.checksum_path(path))
+            shutil.copy2(checkpoint.checksum_path(good), checkpoint.checksum_path(path))
         return path
 
     def message(action) -> str:
         try:
             action()
-        except ck.CheckpointError as err:
+        except checkpoint.CheckpointError as err:
             return str(err).replace(f"{work}/", "")
         return "no error"
 
@@ -174,12 +174,12 @@ def bad_input_demo(good: Path, work: Path, smaller: nn.Module) -> dict:
     truncated = copy("truncated", data[: len(data) // 2])
     corrupted = copy("corrupted", bytes(flipped))
     incomplete = copy("incomplete", data, checksum=False)
-    messages["truncated"] = message(lambda: ck.load_checkpoint(truncated, cpu))
-    messages["corrupted"] = message(lambda: ck.load_checkpoint(corrupted, cpu))
-    messages["incomplete"] = message(lambda: ck.load_checkpoint(incomplete, cpu))
-    messages["missing_dir"] = message(lambda: ck.list_checkpoints(work / "no_such_dir"))
-    state = ck.load_checkpoint(good, cpu)
-    messages["wrong_shape"] = message(lambda: ck.load_model_state(
+    messages["truncated"] = message(lambda: checkpoint.load_checkpoint(truncated, cpu))
+    messages["corrupted"] = message(lambda: checkpoint.load_checkpoint(corrupted, cpu))
+    messages["incomplete"] = message(lambda: checkpoint.load_checkpoint(incomplete, cpu))
+    messages["missing_dir"] = message(lambda: checkpoint.list_checkpoints(work / "no_such_dir"))
+    state = checkpoint.load_checkpoint(good, cpu)
+    messages["wrong_shape"] = message(lambda: checkpoint.load_model_state(
         smaller, state["model"], good.relative_to(work)))
     silently = torch.load(corrupted, weights_only=True)["model"]["0.weight"]  # no checksum check
     messages["torch_load_alone_changed_weight_by"] = max_abs_diff(silently, weight)
@@ -193,9 +193,9 @@ def bad_input_demo(good: Path, work: Path, smaller: nn.Module) -> dict:
 
 def snapshot_latest(source: Path, target: Path) -> Path:
     """Copy the newest checkpoint (and its checksum) aside, for the forgetful resumes."""
-    latest = ck.latest_checkpoint(source)
+    latest = checkpoint.latest_checkpoint(source)
     target.mkdir(parents=True, exist_ok=True)
-    for path in (latest, ck.checksum_path(latest)):
+    for path in (latest, checkpoint.checksum_path(latest)):
         shutil.copy2(path, target / path.name)
     return latest
 

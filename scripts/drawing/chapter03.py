@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from backstage.chapter03 import bandwidth_text, label_bytes  # the chapter's words for both
 from ddplab.run.replot import read_figure_data
 
-KiB, MiB = 1 << 10, 1 << 20
 LABELS = {"ring": "ring_all_reduce (ours)", "native": "dist.all_reduce (gloo)",
           "naive": "naive: via rank 0"}
 COLOR_KEYS = {"ring": "ring", "native": "native", "naive": "naive_allreduce"}
@@ -48,14 +48,6 @@ def draw(results: dict, folder: Path) -> list[str]:
         draw_scaling(results["scaling"], folder / "scaling.png", hardware)
         names.append("scaling.png")
     return names
-
-
-def label_bytes(n: int) -> str:
-    return f"{n // MiB} MiB" if n >= MiB else f"{n // KiB} KiB"
-
-
-def bandwidth_text(gbps: float | None) -> str:
-    return f"{gbps:.2f} GB/s" if gbps is not None else "unseen (sizes too small)"
 
 
 def size_ticks(ax, sizes: list[int]) -> None:

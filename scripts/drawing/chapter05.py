@@ -16,15 +16,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from backstage.chapter05_report import LABELS  # each variant's name, on screen too
+
 # The order the figures show the variants in (the chapter script's VARIANTS, MEMORY_VARIANTS
 # and SWEPT).
 VARIANTS = ("local", "naive", "bucketed", "native")
 MEMORY_VARIANTS = (*VARIANTS, "native_view")
 SWEPT = ("local", "bucketed", "native")
-LABELS = {"local": "local (no communication)", "naive": "NaiveDDP", "bucketed": "BucketedDDP",
-          "native": "native DDP", "single": "one process, global batch",
-          "no_sync": "BucketedDDP + no_sync",
-          "native_view": "native DDP, gradient_as_bucket_view"}
 SHORT = {"local": "local\n(no comm.)", "naive": "Naive", "bucketed": "Bucketed",
          "native": "native", "native_view": "native\nas view"}
 

@@ -2,6 +2,7 @@
 
     launch.py     run a function on N ranks (mp.spawn or torchrun), clean failures
     entry.py      a chapter's main: every failure as one clear last line and an exit code
+    chapter_main.py  run_chapter: --replot, or launch, finish, write the folder, print
     stopping.py   every exit path (error, hang, Ctrl-C, SIGTERM) ends every process it started
     cli.py        the flags every chapter shares, bad input as one clear line
     devices.py    --device/--backend: which backend, which device each rank computes on
@@ -10,7 +11,7 @@
     replot.py     --replot: a chapter's figures drawn from its run's files, no rank started
     timing.py     fair step timing (warm-up, barriers, medians, A B A B)
     timeline.py   per-rank event timelines, Gantt charts, Chrome traces
-    tracing.py    BucketTrace: BucketedDDP's buckets on a timeline (layered on, not woven in)
+    tracing.py    BucketTrace: BucketedDDP's buckets on a timeline (an observer, not woven in)
     plotting.py   the book's figure style (imports matplotlib: import it where you draw)
     memory.py     peak memory of one piece of work, on a GPU or on the CPU
     models.py     the book's small model and its synthetic data

@@ -114,6 +114,12 @@ def parse_chapter_args(parser: argparse.ArgumentParser, argv: list[str] | None =
     return args
 
 
+def with_changes(args: argparse.Namespace, **changes) -> argparse.Namespace:
+    """A copy of the parsed flags with some changed (another launch of the same chapter: a
+    sub-run at another world size, a stage); ``args`` itself stays as it is."""
+    return argparse.Namespace(**{**vars(args), **changes})
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Reject what cannot work before any process is started."""
     if args.world_size is not None and args.world_size < 1:

@@ -8,7 +8,6 @@ rank's **flight recorder** — its last collectives, as the process group saw th
 
 from __future__ import annotations
 
-import copy
 import os
 import pickle
 import tempfile
@@ -17,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .cli import with_changes
 from .launch import RankFailed, launch, started_by_torchrun
 
 
@@ -49,8 +49,7 @@ def run_hang_demo(demo: Callable, args, timeout_s: float) -> dict:
         return {"what_happened": "skipped under torchrun: run the script with python to see it",
                 "why": "under torchrun the processes are the ranks, and a job that hangs on "
                        "purpose would end the run", "timed_out": None}
-    job = copy.copy(args)
-    job.timeout, job.demo = timeout_s, demo
+    job = with_changes(args, timeout=timeout_s, demo=demo)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp, flight_recorder_on():
         job.flight_recorder_dir = tmp

@@ -41,6 +41,11 @@ class ResidualMLP(nn.Module):
         return self.head(self.norm(self.blocks(self.embed(x))))
 
 
+def sgd(model: nn.Module, lr: float, momentum: float = 0.0) -> torch.optim.Optimizer:
+    """The optimizer the chapters train with (each with its own learning rate)."""
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+
+
 # --8<-- [start:clusters]
 def make_clusters(n: int, features: int = 64, classes: int = 10,
                   seed: int = 5) -> tuple[torch.Tensor, torch.Tensor]:

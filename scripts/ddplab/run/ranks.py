@@ -18,6 +18,8 @@ from typing import TextIO
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,13 @@ class RankContext:
     def is_main(self) -> bool:
         """Rank 0 prints, plots and writes files; the others only compute."""
         return self.rank == 0
+
+
+def native_ddp(model: nn.Module, ctx: RankContext, **kwargs) -> DistributedDataParallel:
+    """Native DDP around ``model`` on this rank's device: one GPU per rank names its own in
+    ``device_ids``; on the CPU there is none to name.  ``kwargs``: DDP's (bucket_cap_mb, ...)."""
+    device_ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(model.to(ctx.device), device_ids=device_ids, **kwargs)
 
 
 def point_to_point_context(ctx: RankContext) -> RankContext:
@@ -132,8 +141,12 @@ def progress_lines(iterable: Iterable, desc: str, total: int | None, stream: Tex
         print(f"{desc}: {done} done, {time.monotonic() - start:.0f} s", file=stream, flush=True)
 
 
-def max_over_ranks(values: torch.Tensor) -> torch.Tensor:
-    """Element-wise maximum over all ranks (collective), back on the CPU."""
+def max_over_ranks(values: torch.Tensor | float) -> torch.Tensor | float:
+    """Element-wise maximum over all ranks (collective), back on the CPU; given a number, the
+    largest number (sent as float64: no rounding).  On nccl the tensor travels through this
+    rank's GPU."""
+    if not isinstance(values, torch.Tensor):
+        return max_over_ranks(torch.tensor([values], dtype=torch.float64)).item()
     values = values.to(collective_device())
     dist.all_reduce(values, op=dist.ReduceOp.MAX)
     return values.cpu()

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 
+from .ranks import max_over_ranks
+
 
 def synchronize(device: torch.device | None) -> None:
     """Wait for queued GPU work; a no-op on CPU, where every op has finished when it returns."""
@@ -78,11 +80,7 @@ def slowest_rank(value: float) -> float:
     """The largest value over all ranks: a synchronous step is as slow as its slowest rank."""
     if not dist.is_initialized():
         return value
-    t = torch.tensor([value], dtype=torch.float64)
-    if dist.get_backend() == "nccl":
-        t = t.cuda()
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    return float(max_over_ranks(torch.tensor([value], dtype=torch.float64)).item())
 
 
 def slowest_rank_per_step(samples: dict[str, list[float]]) -> dict[str, list[float]]:
@@ -93,11 +91,8 @@ def slowest_rank_per_step(samples: dict[str, list[float]]) -> dict[str, list[flo
     if not dist.is_initialized():
         return samples
     names = list(samples)
-    t = torch.tensor([samples[n] for n in names], dtype=torch.float64)
-    if dist.get_backend() == "nccl":
-        t = t.cuda()
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return {n: row.tolist() for n, row in zip(names, t.cpu(), strict=True)}
+    t = max_over_ranks(torch.tensor([samples[n] for n in names], dtype=torch.float64))
+    return {n: row.tolist() for n, row in zip(names, t, strict=True)}
 
 
 def _line_up(device: torch.device | None, barrier: bool) -> None:
