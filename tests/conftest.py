@@ -81,6 +81,32 @@ def run_quick(tmp_path_factory, script: str, chapter: int, *extra: str) -> tuple
 PROVENANCE_KEYS = {"torch", "backend", "device", "world_size", "quick", "date", "git_commit"}
 
 
+# What the ranks of a launch_forked run import: the fork server imports them once per session,
+# and each rank forked from it starts without importing torch again (about 2 CPU-seconds).
+FORK_SERVER_PRELOAD = ["torch", "torch.distributed", "ddplab", "bubble_workers",
+                       "collective_workers", "ddp_workers", "fsdp_workers", "ring_halves_workers",
+                       "ring_workers", "zero_workers"]
+
+
+def launch_forked(worker, args):
+    """``ddplab.launch`` with ranks forked from a fork server that has imported torch.
+
+    Only for tests that check what the ranks compute (sums, bits, errors a rank raises).  Tests
+    of how ranks start, stop, die or clean up, and every chapter script, keep the readers'
+    ``spawn``.  The server ends with this process (multiprocessing closes its pipe).
+    """
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    import ddplab
+
+    # The grader (tests/test_exercises.py) may have started the server, with less preloaded:
+    # its ranks then import the rest themselves, which changes the speed, not the results.
+    multiprocessing.set_forkserver_preload(FORK_SERVER_PRELOAD)
+    forkserver.ensure_running()
+    return ddplab.launch(worker, args, start_method="forkserver")
+
+
 @pytest.fixture
 def out_dir(tmp_path: Path) -> Path:
     return tmp_path / "out"
