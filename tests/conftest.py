@@ -110,3 +110,19 @@ def launch_forked(worker, args):
 @pytest.fixture
 def out_dir(tmp_path: Path) -> Path:
     return tmp_path / "out"
+
+
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory) -> Path:
+    """The site as `make docs` builds it (--strict), once per session: tests only read it.
+
+    Built without the reader's OFFLINE and SITE_URL, which would change what is built."""
+    site_dir = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # see Makefile
+    for name in ("OFFLINE", "SITE_URL"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(site_dir)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=load_scaled(300)[0])
+    assert proc.returncode == 0, proc.stderr
+    return site_dir
