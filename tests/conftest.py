@@ -81,6 +81,48 @@ def run_quick(tmp_path_factory, script: str, chapter: int, *extra: str) -> tuple
 PROVENANCE_KEYS = {"torch", "backend", "device", "world_size", "quick", "date", "git_commit"}
 
 
+# What the ranks of a launch_forked run import: the fork server imports them once per session,
+# and each rank forked from it starts without importing torch again (about 2 CPU-seconds).
+FORK_SERVER_PRELOAD = ["torch", "torch.distributed", "ddplab", "bubble_workers",
+                       "collective_workers", "ddp_workers", "fsdp_workers", "ring_halves_workers",
+                       "ring_workers", "zero_workers"]
+
+
+def launch_forked(worker, args):
+    """``ddplab.launch`` with ranks forked from a fork server that has imported torch.
+
+    Only for tests that check what the ranks compute (sums, bits, errors a rank raises).  Tests
+    of how ranks start, stop, die or clean up, and every chapter script, keep the readers'
+    ``spawn``.  The server ends with this process (multiprocessing closes its pipe).
+    """
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    import ddplab
+
+    # The grader (tests/test_exercises.py) may have started the server, with less preloaded:
+    # its ranks then import the rest themselves, which changes the speed, not the results.
+    multiprocessing.set_forkserver_preload(FORK_SERVER_PRELOAD)
+    forkserver.ensure_running()
+    return ddplab.launch(worker, args, start_method="forkserver")
+
+
 @pytest.fixture
 def out_dir(tmp_path: Path) -> Path:
     return tmp_path / "out"
+
+
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory) -> Path:
+    """The site as `make docs` builds it (--strict), once per session: tests only read it.
+
+    Built without the reader's OFFLINE and SITE_URL, which would change what is built."""
+    site_dir = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # see Makefile
+    for name in ("OFFLINE", "SITE_URL"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(site_dir)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=load_scaled(300)[0])
+    assert proc.returncode == 0, proc.stderr
+    return site_dir

@@ -14,8 +14,6 @@ import http.server
 import os
 import re
 import shutil
-import subprocess
-import sys
 import threading
 import urllib.request
 import zipfile
@@ -26,7 +24,6 @@ from urllib.parse import urldefrag, urljoin, urlparse
 
 import pytest
 from build_offline import build_offline
-from conftest import REPO
 
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
@@ -73,16 +70,8 @@ def chromium():
 
 
 @pytest.fixture(scope="session")
-def site(tmp_path_factory, chromium) -> Path:
-    site_dir = tmp_path_factory.mktemp("browser-site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    for name in ("OFFLINE", "SITE_URL"):
-        env.pop(name, None)
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
-                           str(site_dir)], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return site_dir
+def site(chromium, built_site) -> Path:
+    return built_site  # shared with tests/test_site.py (conftest.py)
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import PROVENANCE_KEYS, assert_png, run_quick, run_script
+from conftest import PROVENANCE_KEYS, assert_png, launch_forked, run_quick, run_script
 
 SCRIPT = "scripts/chapter02_collectives.py"
 COLLECTIVES = ("send_recv", "broadcast", "scatter", "gather", "reduce", "all_gather",
@@ -83,4 +83,4 @@ def test_the_old_gloo_fallback_for_reduce_scatter_gives_the_same_pieces(world_si
 
     args = ddplab.parse_chapter_args(ddplab.chapter_parser("test"),
                                      ["--world-size", str(world_size), "--out", str(tmp_path)])
-    assert ddplab.launch(collective_workers.fallback_matches_reduce_scatter, args).result
+    assert launch_forked(collective_workers.fallback_matches_reduce_scatter, args).result

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import doctor
 import pytest
+from conftest import load_scaled
 
 from ddplab.run.stopping import _descendants
 
@@ -57,11 +58,13 @@ def test_a_rank_that_never_answers_is_killed(monkeypatch):
 
 @pytest.mark.slow
 def test_a_slow_collective_is_a_busy_machine_not_the_network():
-    # the ranks connect, then each waits far longer than the check's time before its all-reduce
-    check = doctor.check_gloo(timeout=40, delay_s=600)
+    # the ranks connect, then each waits far longer than the check's time before its all-reduce;
+    # the check's time need only cover two ranks' start (a few seconds), scaled by the load
+    timeout, _ = load_scaled(12)
+    check = doctor.check_gloo(timeout=timeout, delay_s=600)
     assert check.mark == doctor.WARN, check
-    assert check.detail.startswith("busy — rerun: no answer within 40 s: the ranks connected "
-                                   "but the all-reduce was slow"), check.detail
+    assert check.detail.startswith(f"busy — rerun: no answer within {timeout:.0f} s: the ranks "
+                                   "connected but the all-reduce was slow"), check.detail
     assert "GLOO_SOCKET_IFNAME" not in check.fix and "rerun" in check.fix
 
 

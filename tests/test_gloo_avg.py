@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from conftest import launch_forked
 
 import ddplab
 
@@ -26,5 +27,5 @@ def avg_reduce_scatters(ctx, args) -> dict:
 def test_gloo_reduce_scatter_avg_averages(tmp_path):
     args = ddplab.parse_chapter_args(ddplab.chapter_parser("test"),
                                      ["--world-size", "3", "--out", str(tmp_path)])
-    result = ddplab.launch(avg_reduce_scatters, args).result
+    result = launch_forked(avg_reduce_scatters, args).result
     assert result["list"] and result["flat"], result

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collective_workers
 import pytest
+from conftest import launch_forked
 from torch import nn
 
 import ddplab
@@ -27,7 +28,7 @@ def test_buckets_are_packed_last_parameter_first_under_the_cap():
 def test_hooked_buckets_average_like_native_ddp(world_size, tmp_path):
     args = ddplab.parse_chapter_args(ddplab.chapter_parser("test"),
                                      ["--world-size", str(world_size), "--out", str(tmp_path)])
-    ranks = ddplab.launch(collective_workers.hooked_buckets_vs_native, args).result
+    ranks = launch_forked(collective_workers.hooked_buckets_vs_native, args).result
     for r in ranks:
         assert r["buckets"] >= 3
         assert r["first_bucket_is_last_layer"]

@@ -15,6 +15,7 @@ import warnings
 
 import ddp_workers
 import pytest
+from conftest import launch_forked
 
 import ddplab
 
@@ -24,7 +25,7 @@ def launch(worker, world_size: int, tmp_path, timeout: float = 60):
         warnings.simplefilter("ignore")  # 3 ranks on a 2-core machine warns, on purpose
         args = ddplab.parse_chapter_args(ddplab.chapter_parser("test"), [
             "--world-size", str(world_size), "--timeout", str(timeout), "--out", str(tmp_path)])
-    return ddplab.launch(worker, args).result
+    return launch_forked(worker, args).result
 
 
 @pytest.fixture(scope="module")

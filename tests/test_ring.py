@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import ring_workers
+from conftest import launch_forked
 
 import ddplab
 from ddplab import ring
@@ -24,14 +25,14 @@ def parse(*argv: str, out: Path):
 def test_matches_dist_all_reduce_for_every_size_and_dtype(world_size, tmp_path):
     # One launch per world size runs the whole matrix: sizes 0, 1, N-1, N+1, odd primes and
     # 1M+3; float32, float64 and int64; plus a transposed tensor, tiny segments, a sub-group.
-    run = ddplab.launch(ring_workers.correctness_matrix,
+    run = launch_forked(ring_workers.correctness_matrix,
                         parse("--world-size", str(world_size), out=tmp_path))
     assert run.result == []
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_receive_buffers_are_reused_from_call_to_call(world_size, tmp_path):
-    run = ddplab.launch(ring_workers.kept_receive_buffers,
+    run = launch_forked(ring_workers.kept_receive_buffers,
                         parse("--world-size", str(world_size), out=tmp_path))
     report, problems = run.result
     assert problems == []
@@ -66,14 +67,14 @@ def test_a_call_that_did_not_finish_never_hands_its_buffers_on():
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_the_nccl_exchange_gives_the_same_sums(world_size, tmp_path):
     # No GPUs here: run the grouped exchange (the nccl path) on gloo, which accepts it too.
-    run = ddplab.launch(ring_workers.grouped_exchange_matrix,
+    run = launch_forked(ring_workers.grouped_exchange_matrix,
                         parse("--world-size", str(world_size), out=tmp_path))
     assert run.result == []
 
 
 def test_ranks_with_different_sizes_or_dtypes_get_an_error_not_a_hang(tmp_path):
     # A hang would end in a RankFailed after --timeout, not in these messages on every rank.
-    run = ddplab.launch(ring_workers.mismatched_tensors, parse("--world-size", "3", out=tmp_path))
+    run = launch_forked(ring_workers.mismatched_tensors, parse("--world-size", "3", out=tmp_path))
     for size_message, dtype_message in run.result:  # every rank raised, the same error
         assert "different sizes" in size_message
         assert "numel from 10 to 11" in size_message
@@ -81,7 +82,7 @@ def test_ranks_with_different_sizes_or_dtypes_get_an_error_not_a_hang(tmp_path):
 
 
 def test_trace_records_the_two_phases_in_ring_order(tmp_path):
-    run = ddplab.launch(ring_workers.traced_ring, parse("--world-size", "3", out=tmp_path))
+    run = launch_forked(ring_workers.traced_ring, parse("--world-size", "3", out=tmp_path))
     n = 3
     for rank, records in enumerate(run.result):
         phases = [r[0] for r in records]

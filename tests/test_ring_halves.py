@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import ring_halves_workers
+from conftest import launch_forked
 
 import ddplab
 from ddplab import costmodel
@@ -22,7 +23,7 @@ def parse(world_size: int, out):
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ring_halves_equal_gloos_collectives(world_size, tmp_path):
-    run = ddplab.launch(ring_halves_workers.halves_against_gloo, parse(world_size, tmp_path))
+    run = launch_forked(ring_halves_workers.halves_against_gloo, parse(world_size, tmp_path))
     every = run.result
     for rank, found in enumerate(every):
         for case, checks in found.items():

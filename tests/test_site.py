@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import mkdocs_hooks
@@ -16,13 +13,8 @@ from mkdocs.exceptions import PluginError
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    site_dir = tmp_path_factory.mktemp("site")
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
-                           str(site_dir)], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # see Makefile
-    assert proc.returncode == 0, proc.stderr
-    return site_dir
+def site(built_site):
+    return built_site  # shared with tests/test_browser.py (conftest.py)
 
 
 def test_every_chapter_page_is_built(site):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import launch_forked
 
 from ddplab import stragglers
 from ddplab.run.timeline import Event
@@ -76,7 +77,7 @@ def _launch(worker, world_size: int, tmp_path):
 
     args = ddplab.parse_chapter_args(ddplab.chapter_parser("test"),
                                      ["--world-size", str(world_size), "--out", str(tmp_path)])
-    return ddplab.launch(getattr(bubble_workers, worker), args).result
+    return launch_forked(getattr(bubble_workers, worker), args).result
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import bubble_workers
 import pytest
 import torch
+from conftest import launch_forked
 from torch import nn
 
 import ddplab
@@ -23,7 +24,7 @@ def diffs(tmp_path_factory):
     out = tmp_path_factory.mktemp("syncbn")
     args = ddplab.parse_chapter_args(ddplab.chapter_parser("test"),
                                      ["--world-size", "2", "--out", str(out)])
-    return ddplab.launch(bubble_workers.syncbn_against_full_batch, args).result
+    return launch_forked(bubble_workers.syncbn_against_full_batch, args).result
 
 
 @pytest.mark.parametrize("dims", ["1d", "2d"])

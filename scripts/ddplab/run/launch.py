@@ -81,11 +81,17 @@ def check_rank(flag: str, rank: int | None, args) -> None:
         raise UsageError(f"{flag} {rank}: this run has ranks 0..{world - 1}")
 
 
-def launch(worker: Worker, args) -> Run | None:
+def launch(worker: Worker, args, *, start_method: str = "spawn") -> Run | None:
     """Run ``worker(ctx, args)`` on every rank; rank 0's result comes back as ``Run.result``.
 
     Under torchrun every rank runs this function itself: rank 0 gets the ``Run``, the other
     ranks get None (they have nothing left to do).
+
+    ``start_method`` is how this process starts its ranks.  The chapters keep ``"spawn"``: a
+    fresh interpreter per rank, the same on every OS.  ``"forkserver"`` forks each rank from
+    multiprocessing's fork server, which skips the rank's own import of torch if the server
+    preloaded it (``multiprocessing.set_forkserver_preload``); the tests that only compare
+    numbers use it.  A forked rank dies with the fork server, not with this process.
     """
     if getattr(args, "replot", False):  # a chapter without --replot must not run a whole run
         raise UsageError("this chapter cannot --replot yet: run it without --replot")
@@ -94,7 +100,7 @@ def launch(worker: Worker, args) -> Run | None:
         return _launched_by_torchrun(worker, args)
     world_size = args.world_size or default_world_size()
     placement = place(_device_flag(args), args.backend, world_size)
-    return _spawn(worker, args, world_size, placement)
+    return _spawn(worker, args, world_size, placement, start_method)
 
 
 def _device_flag(args) -> str:
@@ -111,7 +117,8 @@ class _SpawnPlan:
     scratch: Path  # where ranks leave their result and error reports
 
 
-def _spawn(worker: Worker, args, world_size: int, placement: Placement) -> Run:
+def _spawn(worker: Worker, args, world_size: int, placement: Placement,
+           start_method: str) -> Run:
     # The rendezvous is a key-value store the ranks meet at.  This process hosts it on a port
     # the OS picks (port 0), so two runs never fight over a port and nothing needs to be freed.
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
@@ -119,7 +126,7 @@ def _spawn(worker: Worker, args, world_size: int, placement: Placement) -> Run:
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # we report instead
     with tempfile.TemporaryDirectory(prefix="ddplab-") as scratch:
         plan = _SpawnPlan(world_size, placement, store.port, Path(scratch))
-        ranks = _start_ranks(worker, args, plan)
+        ranks = _start_ranks(worker, args, plan, start_method)
         try:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # a stop that came
             # while the ranks started is raised here, where every rank is known and stopped
@@ -149,7 +156,8 @@ def _spawn(worker: Worker, args, world_size: int, placement: Placement) -> Run:
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
-def _start_ranks(worker: Worker, args, plan: _SpawnPlan) -> mp.ProcessContext:
+def _start_ranks(worker: Worker, args, plan: _SpawnPlan,
+                 start_method: str) -> mp.ProcessContext:
     """Start the rank processes with the stop signals blocked, here and (inherited) in them.
 
     A Ctrl-C while a rank still imports torch would otherwise print a KeyboardInterrupt
@@ -157,13 +165,15 @@ def _start_ranks(worker: Worker, args, plan: _SpawnPlan) -> mp.ProcessContext:
     until the rank ignores SIGINT and is dropped.  Here it waits until every rank has started,
     so that none is started after the stop and left behind.
     """
-    from multiprocessing import resource_tracker
+    from multiprocessing import forkserver, resource_tracker
 
     resource_tracker.ensure_running()  # starting it later would unblock the signals
+    if start_method == "forkserver":
+        forkserver.ensure_running()  # started in the blocked window, it would keep them blocked
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         return mp.start_processes(_spawned_rank, args=(worker, args, plan),
-                                  nprocs=plan.world_size, join=False, start_method="spawn")
+                                  nprocs=plan.world_size, join=False, start_method=start_method)
     except BaseException:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
         raise
