@@ -426,7 +426,8 @@ def finish(args, run: ddplab.Run) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    return run_chapter(CHAPTER, parse_args(argv), worker, finish=finish, draw=drawing.draw,
+    return run_chapter(CHAPTER, parse_args(argv), worker, finish=finish,
+                       draw=drawing.chapter11.draw,
                        summarize=lambda result, run: report.summarize(result, run.provenance))
 
 
