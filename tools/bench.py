@@ -197,6 +197,7 @@ def sharding_bench() -> dict:
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         found["fake_group_peak_bytes"] = pool.submit(chapter11_bench.fake_group_peaks).result(
             timeout=600)
+    found["fake_group_steps"] = chapter11_bench.FAKE_GROUP_STEPS
     return found
 
 

@@ -36,6 +36,7 @@ from .chapter11_probe import profiler_peak_bytes
 
 PAIRS = {"fsdp": ("fsdp_ours", "fully_shard"), "zero1": ("zero1_ours", "zero1_native")}
 ROUNDS, WARM_UP = 20, 3
+FAKE_GROUP_STEPS = 3  # from the second step on, the optimizer's state is there too
 
 
 def make_model() -> nn.Module:
@@ -97,7 +98,8 @@ def bench_worker(ctx, args) -> dict | None:
     return out if ctx.is_main else None
 
 
-def fake_group_peaks(world: int = 2, rank: int = 0, steps: int = 3) -> dict[str, list[int]]:
+def fake_group_peaks(world: int = 2, rank: int = 0,
+                     steps: int = FAKE_GROUP_STEPS) -> dict[str, list[int]]:
     """The profiler's peak while each FSDP is built and takes ``steps`` steps (from the second
     on, the optimizer's state is there too), twice each, as one rank of a fake process group.
     Run it in a fresh process: it initialises the default group."""

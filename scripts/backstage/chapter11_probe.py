@@ -65,7 +65,7 @@ def recorded_collectives():
 
 def ddp_recording_hook(calls: list):
     """A DDP communication hook that records each bucket's bytes and all-reduces it as the
-    default hook does (sum, then divide by N)."""
+    default hook does (divide by N, then sum: `default_hooks._allreduce_fut`)."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     def hook(state, bucket):

@@ -79,8 +79,6 @@ def verdicts(r: dict, backend: str) -> dict:
         "sent_by_this_run": "gloo's" if backend == "gloo" else "the ring's",
         "accumulate_bytes_ratio": every["sent"] / once["sent"],
         "accumulate_bytes_gloo_ratio": every["sent_gloo"] / once["sent_gloo"],
-        "accumulate_peak_ratio": (acc["once_per_step"]["profiler_peak"]
-                                  / acc["every_micro_batch"]["profiler_peak"]),
         "accumulate_held_ratio": (acc["once_per_step"]["gradients_held"]
                                   / acc["every_micro_batch"]["gradients_held"]),
         "accumulate_modes_text": equal_text(acc["modes_differ_by"]),
@@ -90,8 +88,6 @@ def verdicts(r: dict, backend: str) -> dict:
     }
     out["fsdp_ours_params_text"] = hand_fsdp_params(per_rank)
     out.update(ledger_texts(r["ledger"], exact))
-    out["accumulate_peak_text"] = peak_against_held(out["accumulate_peak_ratio"],
-                                                    out["accumulate_held_ratio"])
     out["accumulate_native_text"] = {mode: equal_text(acc[mode]["ours_vs_fully_shard"])
                                      for mode in ("every_micro_batch", "once_per_step")}
     out["clip_grads_text"] = clip_gap(acc["clipping"]["grads_max_abs_diff"])
@@ -141,16 +137,6 @@ def ledger_texts(ledger: dict, exact: dict) -> dict:
         "paper_total_gb": [sum(stage[k] for k in ("params", "grads", "optimizer_state")) / 1e9
                            for stage in ledger["paper"]["mixed_adam"]],
     }
-
-
-def peak_against_held(peak_ratio: float, held_ratio: float) -> str:
-    """How the whole step's peak moved against the gradients held, both once / every."""
-    if peak_ratio == 1:
-        return "the same either way"
-    way = "higher" if peak_ratio > 1 else "lower"
-    if (peak_ratio > 1) != (held_ratio > 1):
-        return f"{way}, the other way round"
-    return f"{way} too, by {'less' if abs(peak_ratio - 1) < abs(held_ratio - 1) else 'more'}"
 
 
 def clip_gap(grads_max_abs_diff: float) -> str:
