@@ -227,7 +227,7 @@ def test_the_reason_for_the_smallest_alpha_follows_which_alpha_is_smallest(rende
     for smallest, expected in reasons.items():
         for name in reasons:
             m["alpha_beta"][name]["alpha_us"] = 10.0 if name == smallest else 100.0
-        m["verdicts"] = ring_verdicts(m, label_bytes)
+        m["verdicts"] = ring_verdicts(m)
         page = render_page(PAGE_03, "03", m)
         assert [r for r in reasons.values() if r in page] == [expected]
 
