@@ -126,3 +126,14 @@ def built_site(tmp_path_factory) -> Path:
                           timeout=load_scaled(300)[0])
     assert proc.returncode == 0, proc.stderr
     return site_dir
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A default process group of one gloo rank, in this process, for the duration of a test."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -99,13 +99,6 @@ def reducer_buckets(ddp: DistributedDataParallel, names: dict) -> list[list[str]
             for bucket in ddp.reducer._get_zeros_like_grad_buckets()]
 
 
-@pytest.fixture
-def one_rank(tmp_path):
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
-                            world_size=1)
-    yield
-    dist.destroy_process_group()
-
 
 @pytest.mark.parametrize("find_unused", [False, True])
 def test_layouts_are_the_reducers_at_construction_and_after_the_rebuild(one_rank, find_unused):

@@ -6,7 +6,6 @@ import os
 import random
 import subprocess
 import sys
-from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -167,16 +166,7 @@ def test_resumable_sampler_continues_the_epoch_where_it_stopped():
     assert len(resumed) == 20 and list(resumed) != list(whole)
 
 
-@pytest.fixture
-def one_rank_group(tmp_path):
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1,
-                            timeout=timedelta(seconds=30))
-    yield
-    dist.destroy_process_group()
-
-
-def test_dcp_round_trip_in_place_with_pruning(tmp_path, one_rank_group):
+def test_dcp_round_trip_in_place_with_pruning(tmp_path, one_rank):
     torch.manual_seed(0)
     model = nn.Linear(8, 4)
     optimizer = torch.optim.AdamW(model.parameters())
@@ -217,7 +207,7 @@ def test_optimizer_state_loaded_on_the_cpu_keeps_step_on_the_cpu(tmp_path):
     assert fresh.state[model.weight]["step"].device.type == "cpu"
 
 
-def test_dcp_loads_in_one_process_without_a_process_group(tmp_path, one_rank_group):
+def test_dcp_loads_in_one_process_without_a_process_group(tmp_path, one_rank):
     """What a notebook does: dcp.load(..., no_dist=True) reads a checkpoint with no group."""
     import torch.distributed.checkpoint as dcp
 

@@ -15,7 +15,7 @@ import doctor
 import pytest
 from conftest import load_scaled
 
-from ddplab.run.stopping import _descendants
+from ddplab.run.node_guard import descendants
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,10 +48,10 @@ def test_a_full_disk_and_a_broken_gloo_are_failures(monkeypatch):
 
 def test_a_rank_that_never_answers_is_killed(monkeypatch):
     monkeypatch.setattr(doctor, "ALL_REDUCE", "import time\ntime.sleep(60)\n")
-    before = set(_descendants(os.getpid()))  # what earlier tests of this session left running
+    before = set(descendants(os.getpid()))  # what earlier tests of this session left running
     run = doctor.all_reduce_works(2, "gloo", timeout=2)
     assert not run.ok and "no answer within 2 s" in run.detail
-    assert not set(_descendants(os.getpid())) - before  # no rank of this check left behind
+    assert not set(descendants(os.getpid())) - before  # no rank of this check left behind
 
 
 # --- busy or network: measured, not guessed --------------------------------------------------

@@ -8,9 +8,7 @@ on; torch 2.13's ``powerSGD_hook`` keeps them, and the test records what it does
 
 from __future__ import annotations
 
-import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
@@ -20,13 +18,6 @@ from ddplab.powersgd import PowerSGDState, powersgd_hook
 
 START, OVERFLOW, STEPS = 2, 5, 12
 
-
-@pytest.fixture
-def one_rank(tmp_path):
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1),
-                            rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def ours():

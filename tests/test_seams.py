@@ -8,7 +8,6 @@ import json
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ddplab import BucketedDDP
@@ -17,14 +16,6 @@ from ddplab.run.chapter_main import every_file, figures_only, run_chapter, the_f
 from ddplab.run.cli import with_changes
 from ddplab.run.launch import Run
 from ddplab.run.ranks import max_over_ranks
-
-
-@pytest.fixture
-def one_rank(tmp_path):
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
-                            world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 class Recorder(BucketObserver):

@@ -28,7 +28,7 @@ def _on_stop(signum, frame):
     _told_to_stop.append(signum)
 
 
-def _descendants(root: int) -> list[int]:
+def descendants(root: int) -> list[int]:
     """PIDs of every process below ``root``, read from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -36,7 +36,7 @@ def _descendants(root: int) -> list[int]:
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])  # after "(comm)": state ppid
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(entry))
@@ -53,7 +53,7 @@ def _end_tree(child: subprocess.Popen) -> None:
     process (torchrun restarting its ranks) while we list who is there."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(child.pid, signal.SIGSTOP)
-    for pid in [*_descendants(child.pid), child.pid]:
+    for pid in [*descendants(child.pid), child.pid]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     child.wait()

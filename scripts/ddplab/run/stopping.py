@@ -29,6 +29,8 @@ import threading
 import time
 from collections.abc import Iterable
 
+from .node_guard import descendants  # standard library only: the guard runs it alone
+
 STOP_GRACE_S = 2.0  # how long a process gets to end by itself after SIGTERM
 CHILD_GRACE_S = 15.0  # a chapter script stopping its ranks: up to 2 * STOP_GRACE_S, and imports
 
@@ -103,31 +105,11 @@ def end_process_tree(proc: subprocess.Popen) -> None:
         return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGSTOP)
-    for pid in [*_descendants(proc.pid), proc.pid]:
+    for pid in [*descendants(proc.pid), proc.pid]:
         for kill in (os.killpg, os.kill):  # its process group (torchrun's ranks have their own)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 kill(pid, signal.SIGKILL)
     proc.wait()
-
-
-def _descendants(root: int) -> list[int]:
-    """PIDs of every process below ``root``, read from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])  # after "(comm)": state ppid
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def flush_resource_tracker() -> None:
