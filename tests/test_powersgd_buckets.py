@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from test_powersgd_overflow import one_rank  # noqa: F401  (the fixture)
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
