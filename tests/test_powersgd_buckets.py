@@ -23,7 +23,7 @@ def two_bucket_model() -> nn.Module:
     return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16384))
 
 
-def test_an_overflow_in_one_bucket_drops_every_buckets_residual(one_rank):  # noqa: F811
+def test_an_overflow_in_one_bucket_drops_every_buckets_residual(one_rank):
     model = two_bucket_model()
     ddp = DistributedDataParallel(model)
     state = PowerSGDState(rank=2, start_iter=START)
@@ -68,7 +68,7 @@ class Odd(nn.Module):
         return self.small(x) * self.scale
 
 
-def test_a_bucket_without_a_matrix_to_compress_is_averaged_whole(one_rank):  # noqa: F811
+def test_a_bucket_without_a_matrix_to_compress_is_averaged_whole(one_rank):
     torch.manual_seed(0)
     model = Odd()
     ddp = DistributedDataParallel(model)
