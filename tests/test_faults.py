@@ -140,6 +140,32 @@ def test_a_signal_stops_every_rank_at_once_and_has_the_last_word(box, sig, to_gr
     box.assert_clean()  # the ranks were stopped before the launching process ended
 
 
+HELD_BLOCK = """
+import os, signal, sys, threading, time
+from ddplab.run import stopping
+stopping.stop_on_sigterm()
+threading.Thread(target=threading.Event().wait, daemon=True).start()  # does not block signals
+try:
+    with stopping.stops_held():
+        os.kill(os.getpid(), int(sys.argv[1]))  # blocked here: the kernel gives it the thread
+        time.sleep(0.5)  # Python runs a handler in the main thread between two bytecodes
+        print("the block ran to its end", flush=True)
+except BaseException as err:
+    print(type(err).__name__, flush=True)
+"""
+
+
+@pytest.mark.parametrize(("sig", "raised"), [(signal.SIGINT, "KeyboardInterrupt"),
+                                             (signal.SIGTERM, "Stopped")])
+def test_a_stop_that_another_thread_receives_still_waits_for_the_held_block(sig, raised):
+    """Ranks start inside ``stops_held``: a stop that cut the start short would leave the ranks
+    started so far unknown and running (a chapter 08 run hung so, its ranks waiting for a peer)."""
+    out = subprocess.run([sys.executable, "-c", HELD_BLOCK, str(int(sig))], cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO / "scripts")},
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.splitlines() == ["the block ran to its end", raised], out.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_stopping_chapter07_during_its_torchrun_demo_ends_torchrun_and_its_ranks(box, sig):

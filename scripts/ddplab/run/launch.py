@@ -126,10 +126,15 @@ def _spawn(worker: Worker, args, world_size: int, placement: Placement,
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # we report instead
     with tempfile.TemporaryDirectory(prefix="ddplab-") as scratch:
         plan = _SpawnPlan(world_size, placement, store.port, Path(scratch))
-        ranks = _start_ranks(worker, args, plan, start_method)
+        _start_helpers(start_method)
+        ranks = None
         try:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # a stop that came
-            # while the ranks started is raised here, where every rank is known and stopped
+            # A stop that comes while the ranks start is acted on once every rank is known
+            # (and stopped, in finally): a rank started after it would be left behind.
+            with stopping.stops_held():
+                ranks = mp.start_processes(_spawned_rank, args=(worker, args, plan),
+                                           nprocs=world_size, join=False,
+                                           start_method=start_method)
             # On a failure, join gives the other ranks STOP_GRACE_S to end by themselves, then
             # SIGTERM and STOP_GRACE_S more, then SIGKILL: a frozen rank ends within
             # --timeout (a peer gives up) + 2 * STOP_GRACE_S.
@@ -146,37 +151,23 @@ def _spawn(worker: Worker, args, world_size: int, placement: Placement,
             failed = next((i for i, p in enumerate(ranks.processes) if p.exitcode), 0)
             raise RankFailed(failed, "it failed, and its error report is empty") from None
         finally:  # also on Ctrl-C or SIGTERM here: no rank outlives this process
-            stopping.stop_processes(ranks.processes)
-            for path in ranks.error_files:  # mp.spawn's reports of a rank's error, in $TMPDIR
-                Path(path).unlink(missing_ok=True)
+            if ranks is not None:
+                stopping.stop_processes(ranks.processes)
+                for path in ranks.error_files:  # mp.spawn's reports of a rank's error, in $TMPDIR
+                    Path(path).unlink(missing_ok=True)
         with open(plan.scratch / "result.pkl", "rb") as f:
             return pickle.load(f)
 
 
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-
-
-def _start_ranks(worker: Worker, args, plan: _SpawnPlan,
-                 start_method: str) -> mp.ProcessContext:
-    """Start the rank processes with the stop signals blocked, here and (inherited) in them.
-
-    A Ctrl-C while a rank still imports torch would otherwise print a KeyboardInterrupt
-    traceback from the middle of that import above the run's last line; blocked, it waits
-    until the rank ignores SIGINT and is dropped.  Here it waits until every rank has started,
-    so that none is started after the stop and left behind.
-    """
+def _start_helpers(start_method: str) -> None:
+    """Start multiprocessing's helper processes before the ranks, with the stop signals not
+    held: starting the resource tracker unblocks them, and a fork server started while they
+    are held would keep them blocked for good."""
     from multiprocessing import forkserver, resource_tracker
 
-    resource_tracker.ensure_running()  # starting it later would unblock the signals
+    resource_tracker.ensure_running()
     if start_method == "forkserver":
-        forkserver.ensure_running()  # started in the blocked window, it would keep them blocked
-    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        return mp.start_processes(_spawned_rank, args=(worker, args, plan),
-                                  nprocs=plan.world_size, join=False, start_method=start_method)
-    except BaseException:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-        raise
+        forkserver.ensure_running()
 
 
 def _spawned_rank(rank: int, worker: Worker, args, plan: _SpawnPlan) -> None:
@@ -187,7 +178,7 @@ def _spawned_rank(rank: int, worker: Worker, args, plan: _SpawnPlan) -> None:
     # The launching process stops a rank with SIGTERM: as an exception, so that what the rank
     # was writing (a checkpoint's temporary file) is removed on the way out.
     stopping.stop_on_sigterm()
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # blocked by _start_ranks
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping.STOP_SIGNALS)  # held by _spawn
     _end_with_parent()
     # The same variables torchrun would set, so code written for torchrun works unchanged.
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(plan.world_size),

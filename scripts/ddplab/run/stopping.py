@@ -6,6 +6,8 @@ run started, at once, and the files they leave: this module is how.
 
 * ``stop_on_sigterm()`` turns SIGTERM into an exception, so that the launching process runs its
   ``finally`` blocks (stop the ranks, remove the temporary directory) instead of vanishing.
+* ``stops_held()`` holds the stop signals back while processes start, then acts on them, so
+  that no process is started after a stop and left behind.
 * ``stop_processes(procs)`` ends processes we started: SIGTERM, a short grace, then SIGKILL —
   a stopped (SIGSTOP) or stuck process ignores SIGTERM until it runs again, SIGKILL it does not.
 * ``run_to_end(argv)`` runs a child script; stopped, it gets SIGTERM and a grace to clean up.
@@ -31,6 +33,7 @@ from collections.abc import Iterable
 
 from .node_guard import descendants  # standard library only: the guard runs it alone
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOP_GRACE_S = 2.0  # how long a process gets to end by itself after SIGTERM
 CHILD_GRACE_S = 15.0  # a chapter script stopping its ranks: up to 2 * STOP_GRACE_S, and imports
 
@@ -49,6 +52,32 @@ def stop_on_sigterm() -> None:
         raise Stopped(signum)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, stop)
+
+
+@contextlib.contextmanager
+def stops_held():
+    """Hold back Ctrl-C, SIGTERM and SIGHUP for the block; at its end, act on any that came.
+
+    Processes started in the block inherit the blocked signals (``pthread_sigmask``): a Ctrl-C
+    while a rank still imports torch waits until the rank ignores SIGINT, instead of printing a
+    traceback from the middle of that import.  But the mask is this thread's only: the kernel
+    gives a signal to any thread that does not block it (a TCPStore's server thread, torch's
+    worker threads), and Python runs the handler in the main thread all the same, in the middle
+    of the block.  So the handlers are swapped too, for one that only notes the signal.
+    """
+    noted: list[int] = []
+    swap = threading.current_thread() is threading.main_thread()  # handlers live there only
+    previous = {sig: signal.signal(sig, lambda signum, _: noted.append(signum))
+                for sig in STOP_SIGNALS} if swap else {}
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # pending ones are noted now
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in dict.fromkeys(noted):  # once each, with the handlers the run had
+            signal.raise_signal(signum)
 
 
 def stop_processes(procs: Iterable, grace: float = STOP_GRACE_S) -> None:
