@@ -247,6 +247,18 @@ def test_grading_leaves_git_status_as_it_was(box):
     box.assert_clean()
 
 
+def test_a_temporary_directory_too_long_for_the_fork_servers_socket_still_grades(box):
+    """The fork server's Unix socket lives in TMPDIR; past the socket path limit the grader
+    spawns its ranks instead (it raised "AF_UNIX path too long" before)."""
+    deep = box.tmp / ("t" * max(1, 90 - len(str(box.tmp))))
+    deep.mkdir()
+    code, out, err = grade(box, "06", learner(box, SOLUTION_06), TMPDIR=str(deep))
+    assert code == 0, out + err
+    assert out.splitlines()[-1].startswith("2 of 2 exercises pass"), out
+    deep.rmdir()  # empty: the ranks left nothing in it
+    box.assert_clean()
+
+
 def test_refresh_reference_grades_the_solution_only(box, tmp_path):
     code, out, err = grade(box, "03", "mine.py", "--refresh-reference")
     assert code == 2

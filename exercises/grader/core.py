@@ -22,6 +22,7 @@ import os
 import queue
 import re
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -240,10 +241,23 @@ def _rank_main(rank, world, port, prefix, path, chapter, ids, to_parent, go, wai
 
 # ---------------------------------------------------------------- the grading process
 def _context():
-    ctx = mp.get_context("forkserver" if sys.platform != "win32" else "spawn")
+    """Ranks fork from a server that has imported torch once, where that server can start."""
+    ctx = mp.get_context("forkserver" if _forkserver_fits() else "spawn")
     if ctx.get_start_method() == "forkserver":
         ctx.set_forkserver_preload(["torch", "torch.distributed"])
     return ctx
+
+
+# The fork server listens on a Unix socket at $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX, and a
+# socket's path holds at most 103 bytes on macOS (107 on Linux).  With a longer TMPDIR the
+# ranks are spawned instead: each imports torch itself, slower, with the same verdicts.
+_SOCKET_PATH_MAX = 103
+_SOCKET_NAME_LEN = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+
+
+def _forkserver_fits() -> bool:
+    return sys.platform != "win32" and \
+        len(os.fsencode(tempfile.gettempdir())) + _SOCKET_NAME_LEN <= _SOCKET_PATH_MAX
 
 
 def _worst(reports: dict[int, tuple], world: int) -> tuple[str, str, dict]:
