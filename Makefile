@@ -71,8 +71,11 @@ gpu-check: $(STAMP) ## every chapter --quick on this box's GPUs, each mode it su
 bench: $(STAMP) ## each chapter's --quick, one at a time, into a scratch dir: wall times, >60 s flagged
 	$(PY) tools/bench.py $(ARGS)
 
+# Two workers overlap one test's waiting (emulated links, timeouts) with another's computing;
+# TEST_WORKERS=0 runs every test in this one process (tests/conftest.py says what stays together).
+TEST_WORKERS ?= 2
 test: $(STAMP) lint ## lint, then every test (chapters' quick runs, the site, in Chromium if there is one)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 # REQUIRE_BROWSER_TEST: a missing Chromium or playwright fails here instead of skipping.
 test-browser: $(STAMP) ## the site in headless Chromium, every page (needs: apt-get install chromium)

@@ -78,6 +78,40 @@ def run_quick(tmp_path_factory, script: str, chapter: int, *extra: str) -> tuple
     return run, out, load_results(out, chapter)
 
 
+# `make test` runs the tests on two pytest-xdist workers, a group of files at a time.  A file is
+# a group of its own, so that its module fixtures (a chapter's --quick run) run once; files
+# that share something the machine has once share a group: the network namespaces and veth
+# links of chapter 10 (a run removes what an earlier, killed run left), one site build.
+SHARED_GROUPS = {"test_chapter10.py": "nodes", "test_faults_nodes.py": "nodes",
+                 "test_site.py": "site", "test_browser.py": "site"}
+FIRST_GROUP = "nodes"  # the longest, mostly waiting on emulated links: it starts first
+
+
+def group_of(path: str) -> str:
+    name = path.split("::", 1)[0].rsplit("/", 1)[-1]
+    return SHARED_GROUPS.get(name, name)
+
+
+def pytest_collection_modifyitems(items) -> None:
+    items.sort(key=lambda item: group_of(item.nodeid) != FIRST_GROUP)  # stable: else as found
+
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # pytest without xdist: one process, nothing to schedule
+    pass
+else:
+    class _ByGroup(LoadScopeScheduling):
+        """xdist's file-by-file scheduling, with the shared groups above kept together (its
+        own xdist_group marks need a pytest that still reads ``Item._nodeid``)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    def pytest_xdist_make_scheduler(config, log):
+        return _ByGroup(config, log)
+
+
 PROVENANCE_KEYS = {"torch", "backend", "device", "world_size", "quick", "date", "git_commit"}
 
 
