@@ -73,9 +73,10 @@ bench: $(STAMP) ## each chapter's --quick, one at a time, into a scratch dir: wa
 
 # Two workers overlap one test's waiting (emulated links, timeouts) with another's computing;
 # TEST_WORKERS=0 runs every test in this one process (tests/conftest.py says what stays together).
+# A worker that crashes is not replaced: xdist's replacement can wait for ever on a file's tests.
 TEST_WORKERS ?= 2
 test: $(STAMP) lint ## lint, then every test (chapters' quick runs, the site, in Chromium if there is one)
-	$(PY) -m pytest -n $(TEST_WORKERS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --max-worker-restart=0
 
 # REQUIRE_BROWSER_TEST: a missing Chromium or playwright fails here instead of skipping.
 test-browser: $(STAMP) ## the site in headless Chromium, every page (needs: apt-get install chromium)
