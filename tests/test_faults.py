@@ -143,6 +143,8 @@ def test_a_signal_stops_every_rank_at_once_and_has_the_last_word(box, sig, to_gr
 HELD_BLOCK = """
 import os, signal, sys, threading, time
 from ddplab.run import stopping
+# As in a terminal: a test runner started in the background passes SIGINT on ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 stopping.stop_on_sigterm()
 threading.Thread(target=threading.Event().wait, daemon=True).start()  # does not block signals
 try:
