@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,9 +26,20 @@ LAUNCHERS = {
 }
 
 
-def session_alive(pgid: int) -> bool:
-    """Is a process of group ``pgid`` still running?  (A zombie, dead but not yet reaped by
-    init, does not count: multiprocessing's resource tracker exits as one a moment later.)"""
+def session_alive(pgid: int, settle_s: float = 0.0) -> bool:
+    """Is a process of group ``pgid`` still running after ``settle_s``?  (A zombie, dead but
+    not yet reaped by init, does not count.)  The settle is for multiprocessing's resource
+    tracker: it exits once its launcher has, when it reads the end of its pipe, which on a
+    busy machine can take a moment."""
+    deadline = time.monotonic() + settle_s
+    while _group_running(pgid):
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _group_running(pgid: int) -> bool:
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
@@ -53,7 +65,7 @@ def test_hello_ddp_trains_saves_and_leaves_nothing_running(launcher, tmp_path):
         if session_alive(proc.pid):
             os.killpg(proc.pid, 9)
     assert proc.returncode == 0, stderr[-3000:]
-    assert not session_alive(proc.pid), "a rank or launcher process outlived the run"
+    assert not session_alive(proc.pid, settle_s=5.0), "a rank or launcher process outlived the run"
 
     losses = [float(v) for v in re.findall(r"epoch \d+: mean loss ([0-9.]+)", stdout)]
     assert len(losses) == 5, stdout  # rank 0 alone prints, once per epoch
