@@ -61,11 +61,12 @@ def test_hello_ddp_trains_saves_and_leaves_nothing_running(launcher, tmp_path):
                             start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=180)
+        left_running = session_alive(proc.pid, settle_s=5.0)  # looked at before the clean-up
     finally:
         if session_alive(proc.pid):
             os.killpg(proc.pid, 9)
     assert proc.returncode == 0, stderr[-3000:]
-    assert not session_alive(proc.pid, settle_s=5.0), "a rank or launcher process outlived the run"
+    assert not left_running, "a rank or launcher process outlived the run"
 
     losses = [float(v) for v in re.findall(r"epoch \d+: mean loss ([0-9.]+)", stdout)]
     assert len(losses) == 5, stdout  # rank 0 alone prints, once per epoch
