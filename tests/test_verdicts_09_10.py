@@ -13,7 +13,7 @@ import chapter10_many_nodes as ch10
 import mkdocs_hooks
 import pytest
 
-from backstage import chapter10_verdicts
+from backstage import chapter10_report, chapter10_verdicts
 from ddplab import costmodel, hook_costmodel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -195,6 +195,20 @@ def test_chapter10_cable_gamma_and_heard_edges():
     assert chapter10_verdicts.heard(None) == "no error line that names the loss"
     assert chapter10_verdicts.heard("x: Read error: Connection reset by peer.") == (
         "Connection reset by peer")
+
+
+def test_a_timeout_is_how_node_a_heard_even_when_a_siblings_closed_line_comes_first(tmp_path):
+    # After a power cut the rank that times out exits; its sibling on node a may log "closed by
+    # peer" about it first (seen in CI). The timeout is the cause; a kill's log has none.
+    timeout = "RuntimeError: [unbound_buffer.cc:78] Timed out waiting 30000ms for recv"
+    closed = "RuntimeError: [pair.cc:553] Connection closed by peer [10.213.0.1]:41234"
+    log = tmp_path / "a.log"
+    log.write_text(f"starting\n{closed}\nnoise\n{timeout}\n{closed}\n")
+    assert chapter10_report.how_node_a_heard(log) == timeout
+    log.write_text(f"starting\n  {closed}  \nW: closing signal SIGTERM\n")
+    assert chapter10_report.how_node_a_heard(log) == closed
+    log.write_text("starting\nfinished\n")
+    assert chapter10_report.how_node_a_heard(log) is None
 
 
 def test_chapter10_cable_sentence_follows_this_runs_backward(monkeypatch):

@@ -78,16 +78,22 @@ def node_failure_from(log_path: Path, what: str) -> NodeFailed:
                       log[-3000:])
 
 
-LOSS_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Timed out", "timed out")
+TIMEOUT_SIGNS = ("Timed out", "timed out")
+LOSS_SIGNS = ("Connection closed by peer", "Connection reset by peer", *TIMEOUT_SIGNS)
 
 
 def how_node_a_heard(log_path: Path) -> str | None:
-    """The first line of node a's log that shows how its ranks learnt of the loss: the peer's
-    kernel closing the connection, or a collective timing out (nothing arrived)."""
-    for line in log_path.read_text(errors="replace").splitlines():
-        if any(sign in line for sign in LOSS_SIGNS):
-            return line.strip()[:300]
-    return None
+    """The line of node a's log that shows how its ranks learnt of the loss: the peer's kernel
+    closing the connection, or a collective timing out (nothing arrived).
+
+    A timeout line wins wherever it is. The log interleaves node a's two ranks, so the first
+    line is not always the first cause: after a power cut the rank that times out exits, and its
+    sibling may print "closed by peer" about *that* rank before the timeout line reaches the log.
+    A collective that timed out waited the whole timeout with nothing arriving from node b."""
+    lines = [line.strip()[:300] for line in log_path.read_text(errors="replace").splitlines()
+             if any(sign in line for sign in LOSS_SIGNS)]
+    timeouts = [line for line in lines if any(sign in line for sign in TIMEOUT_SIGNS)]
+    return (timeouts or lines or [None])[0]
 
 
 def summarize(metrics: dict) -> str:
