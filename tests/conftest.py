@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,29 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
+
+# The suite's processes write their temporary files into one directory of its own, removed when
+# the suite ends: `torchrun --standalone` leaves a torchelastic_* directory behind on every run
+# (torch never removes it), about 40 per suite.  Tests that check what a run leaves still give
+# that run a fresh TMPDIR of its own; pytest's tmp_path directories stay where they were.
+SUITE_TMPDIR = "DDPLAB_SUITE_TMPDIR"
+_MADE_HERE = pytest.StashKey[str]()
+
+
+def pytest_configure(config) -> None:
+    if os.environ.get(SUITE_TMPDIR):  # a pytest-xdist worker: its controller made it
+        return
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())  # pytest's own dirs
+    made = tempfile.mkdtemp(prefix="ddpt-")  # short: a fork server's socket path goes in it
+    os.environ[SUITE_TMPDIR] = os.environ["TMPDIR"] = made
+    tempfile.tempdir = None  # this process, too, asks again
+    config.stash[_MADE_HERE] = made
+
+
+def pytest_unconfigure(config) -> None:
+    made = config.stash.get(_MADE_HERE, None)
+    if made:
+        shutil.rmtree(made, ignore_errors=True)
 
 @dataclass
 class ScriptRun:
