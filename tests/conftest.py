@@ -20,7 +20,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 # The suite's processes write their temporary files into one directory of its own, removed when
 # the suite ends: `torchrun --standalone` leaves a torchelastic_* directory behind on every run
-# (torch never removes it), about 40 per suite.  Tests that check what a run leaves still give
+# (torch never removes it), 7 per suite.  Tests that check what a run leaves still give
 # that run a fresh TMPDIR of its own; pytest's tmp_path directories stay where they were.
 SUITE_TMPDIR = "DDPLAB_SUITE_TMPDIR"
 _MADE_HERE = pytest.StashKey[str]()
@@ -40,6 +40,7 @@ def pytest_unconfigure(config) -> None:
     made = config.stash.get(_MADE_HERE, None)
     if made:
         shutil.rmtree(made, ignore_errors=True)
+
 
 @dataclass
 class ScriptRun:
