@@ -143,8 +143,6 @@ def test_a_signal_stops_every_rank_at_once_and_has_the_last_word(box, sig, to_gr
 HELD_BLOCK = """
 import os, signal, sys, threading, time
 from ddplab.run import stopping
-# As in a terminal: a test runner started in the background passes SIGINT on ignored.
-signal.signal(signal.SIGINT, signal.default_int_handler)
 stopping.stop_on_sigterm()
 threading.Thread(target=threading.Event().wait, daemon=True).start()  # does not block signals
 try:
@@ -164,7 +162,8 @@ def test_a_stop_that_another_thread_receives_still_waits_for_the_held_block(sig,
     started so far unknown and running (a chapter 08 run hung so, its ranks waiting for a peer)."""
     out = subprocess.run([sys.executable, "-c", HELD_BLOCK, str(int(sig))], cwd=REPO,
                          env={**os.environ, "PYTHONPATH": str(REPO / "scripts")},
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60,
+                         preexec_fn=_sigint_as_in_a_terminal)
     assert out.stdout.splitlines() == ["the block ran to its end", raised], out.stderr
 
 
