@@ -14,7 +14,7 @@ import rank_workers
 from conftest import REPO, run_script
 
 import ddplab
-from ddplab.run import cli
+from ddplab.run import cli, launch
 
 CH01 = "scripts/chapter01_processes.py"
 
@@ -101,6 +101,35 @@ def test_a_rank_stuck_in_a_collective_times_out(tmp_path):
         ddplab.launch(rank_workers.rank1_never_arrives, parse("--timeout", "3", out=tmp_path))
     assert not (tmp_path / "rank1-woke-up").exists()  # stopped, not waited for (no clock)
     assert failure.value.rank == 0  # rank 0 gave up waiting; rank 1 was stopped
+
+
+GLOO_TIMEOUT = RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+                            "30000ms for recv operation to complete")
+CLOSED = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.21.0.1]")
+
+
+@pytest.mark.parametrize(("error", "reported"), [(GLOO_TIMEOUT, "Timed out"), (CLOSED, None)])
+def test_under_torchrun_a_rank_that_lost_the_claim_reports_its_own_cause(
+        error, reported, tmp_path, monkeypatch, capsys):
+    # rank 1's "closed by peer" (rank 0's timeout closed rank 0's sockets) claimed first
+    def run_rank(worker, args, *, on_error, **_):
+        on_error(error, 1)
+        raise error
+
+    monkeypatch.setattr(launch, "_run_rank", run_rank)
+    monkeypatch.setattr(launch, "_FOLLOW_ON_GRACE_S", 0.0)
+    args = parse("--timeout", "30", out=tmp_path)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    if reported:  # a cause of its own: the rank's error, not "rank 1 failed first"
+        with pytest.raises(ddplab.RankFailed, match=reported):
+            launch._launched_by_torchrun(rank_workers.report_ranks, args)
+        assert "failed first" not in capsys.readouterr().err
+    else:  # a follow-on: one line naming the rank that claimed, then exit 1
+        with pytest.raises(SystemExit):
+            launch._launched_by_torchrun(rank_workers.report_ranks, args)
+        assert "[rank 0] stopped: rank 1 failed first" in capsys.readouterr().err
 
 
 def test_crash_from_the_command_line_prints_one_traceback_and_one_last_line(out_dir):

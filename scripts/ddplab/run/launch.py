@@ -269,9 +269,12 @@ def _launched_by_torchrun(worker: Worker, args) -> Run | None:
                          on_error=lambda err, first: first_failure.append(first))
     except Exception as err:
         first = first_failure[0] if first_failure else None
-        if first is not None and first != rank:
+        if first is not None and first != rank and _is_follow_on(_one_line(err)):
             # A follow-on failure.  Say so in one line, then give torchrun a moment to stop us,
-            # so that its summary names the rank that failed first as the root cause.
+            # so that its summary names the rank that failed first as the root cause.  A rank
+            # with a cause of its own reports it even when it lost the claim: a gloo timeout
+            # closes the rank's sockets before it can claim, so the peer that this closing
+            # failed ("Connection closed by peer") may claim first.
             print(f"[rank {rank}] stopped: rank {first} failed first (read its error)",
                   file=sys.stderr)
             time.sleep(_FOLLOW_ON_GRACE_S)
