@@ -108,12 +108,16 @@ GLOO_TIMEOUT = RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out
 CLOSED = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.21.0.1]")
 
 
-@pytest.mark.parametrize(("error", "reported"), [(GLOO_TIMEOUT, "Timed out"), (CLOSED, None)])
-def test_under_torchrun_a_rank_that_lost_the_claim_reports_its_own_cause(
-        error, reported, tmp_path, monkeypatch, capsys):
-    # rank 1's "closed by peer" (rank 0's timeout closed rank 0's sockets) claimed first
+@pytest.mark.parametrize(("error", "first", "reported"), [
+    (GLOO_TIMEOUT, launch.Claim(1, follow_on=True), "Timed out"),  # rank 1 only heard of it
+    (CLOSED, launch.Claim(1, follow_on=True), None),  # both heard of something else
+    (ValueError("bad checkpoint"), launch.Claim(1, follow_on=False), None),  # one cause, twice
+])
+def test_under_torchrun_a_rank_that_lost_the_claim_reports_a_cause_the_first_did_not_have(
+        error, first, reported, tmp_path, monkeypatch, capsys):
+    # rank 0's timeout closed its sockets, and rank 1's "closed by peer" claimed first
     def run_rank(worker, args, *, on_error, **_):
-        on_error(error, 1)
+        on_error(error, first)
         raise error
 
     monkeypatch.setattr(launch, "_run_rank", run_rank)
@@ -122,11 +126,11 @@ def test_under_torchrun_a_rank_that_lost_the_claim_reports_its_own_cause(
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    if reported:  # a cause of its own: the rank's error, not "rank 1 failed first"
+    if reported:  # its own error, not "rank 1 failed first"
         with pytest.raises(ddplab.RankFailed, match=reported):
             launch._launched_by_torchrun(rank_workers.report_ranks, args)
         assert "failed first" not in capsys.readouterr().err
-    else:  # a follow-on: one line naming the rank that claimed, then exit 1
+    else:  # one line naming the rank that claimed, then exit 1: one traceback in the log
         with pytest.raises(SystemExit):
             launch._launched_by_torchrun(rank_workers.report_ranks, args)
         assert "[rank 0] stopped: rank 1 failed first" in capsys.readouterr().err

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -187,8 +187,8 @@ def _spawned_rank(rank: int, worker: Worker, args, plan: _SpawnPlan) -> None:
     store = dist.TCPStore("127.0.0.1", plan.store_port, plan.world_size, is_master=False,
                           timeout=timedelta(seconds=args.timeout))
 
-    def report(err: BaseException, first: int | None) -> None:
-        failure = {"rank": rank, "first": first, "summary": _one_line(err),
+    def report(err: BaseException, first: Claim | None) -> None:
+        failure = {"rank": rank, "first": first.rank if first else None, "summary": _one_line(err),
                    "traceback": "".join(traceback.format_exception(err))}
         (plan.scratch / f"error-rank{rank}.json").write_text(json.dumps(failure))
 
@@ -261,7 +261,7 @@ def _launched_by_torchrun(worker: Worker, args) -> Run | None:
         raise UsageError(f"--world-size {args.world_size} does not match torchrun's {world_size} "
                          "processes; leave --world-size out under torchrun")
     placement = place(_device_flag(args), args.backend, local_world_size)
-    first_failure: list[int | None] = []
+    first_failure: list[Claim | None] = []
     try:
         return _run_rank(worker, args, rank=rank, local_rank=int(os.environ["LOCAL_RANK"]),
                          world_size=world_size, local_world_size=local_world_size,
@@ -269,13 +269,10 @@ def _launched_by_torchrun(worker: Worker, args) -> Run | None:
                          on_error=lambda err, first: first_failure.append(first))
     except Exception as err:
         first = first_failure[0] if first_failure else None
-        if first is not None and first != rank and _is_follow_on(_one_line(err)):
+        if first is not None and first.rank != rank and not _a_cause_behind(first, err):
             # A follow-on failure.  Say so in one line, then give torchrun a moment to stop us,
-            # so that its summary names the rank that failed first as the root cause.  A rank
-            # with a cause of its own reports it even when it lost the claim: a gloo timeout
-            # closes the rank's sockets before it can claim, so the peer that this closing
-            # failed ("Connection closed by peer") may claim first.
-            print(f"[rank {rank}] stopped: rank {first} failed first (read its error)",
+            # so that its summary names the rank that failed first as the root cause.
+            print(f"[rank {rank}] stopped: rank {first.rank} failed first (read its error)",
                   file=sys.stderr)
             time.sleep(_FOLLOW_ON_GRACE_S)
             raise SystemExit(1) from None
@@ -285,12 +282,19 @@ def _launched_by_torchrun(worker: Worker, args) -> Run | None:
 _FOLLOW_ON_GRACE_S = 5.0
 
 
+def _a_cause_behind(first: Claim, err: BaseException) -> bool:
+    """This rank has a cause of its own (a timeout, say) and the rank that claimed first only
+    heard of it ("Connection closed by peer"): a gloo timeout closes the rank's sockets before
+    that rank can claim, so the peer the closing failed may claim first.  Report it anyway."""
+    return first.follow_on and not _is_follow_on(_one_line(err))
+
+
 # --- the part both launchers share ----------------------------------------------------------
 
 def _run_rank(worker: Worker, args, *, rank: int, local_rank: int, world_size: int,
               local_world_size: int, placement: Placement, launcher: str,
               store: dist.Store | None,
-              on_error: Callable[[BaseException, int | None], None]) -> Run | None:
+              on_error: Callable[[BaseException, Claim | None], None]) -> Run | None:
     device, backend = placement.device_for(local_rank), placement.backend
     if device.type == "cuda":
         torch.cuda.set_device(device)  # this rank's GPU, chosen before any CUDA work
@@ -313,13 +317,21 @@ def _run_rank(worker: Worker, args, *, rank: int, local_rank: int, world_size: i
         return Run(result, provenance(ctx)) if ctx.is_main else None
     except BaseException as err:
         if not isinstance(err, stopping.Stopped):  # stopped from outside: not a failure
-            on_error(err, _claim_first_failure(store, rank, args.timeout))
+            follow_on = _is_follow_on(_one_line(err))
+            on_error(err, _claim_first_failure(store, rank, follow_on, args.timeout))
         raise
     finally:
         dist.destroy_process_group()  # always leave the group, even after an error
 
 
-def _claim_first_failure(store: dist.Store | None, rank: int, timeout: float) -> int | None:
+class Claim(NamedTuple):
+    """The rank that failed first, and whether its own error was only a follow-on."""
+    rank: int
+    follow_on: bool
+
+
+def _claim_first_failure(store: dist.Store | None, rank: int, follow_on: bool,
+                         timeout: float) -> Claim | None:
     """Atomically record 'rank failed' unless a rank already did; return who failed first.
 
     When one rank dies, its peers fail too ("Connection closed by peer").  The store's
@@ -331,8 +343,9 @@ def _claim_first_failure(store: dist.Store | None, rank: int, timeout: float) ->
                                   is_master=False, timeout=timedelta(seconds=min(timeout, 5)))
         # torchrun may keep its store across restarts (--max-restarts): one key per attempt.
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        first = store.compare_set(f"ddplab/first_failure/{attempt}", "", str(rank))
-        return int(first)
+        mine = f"{rank} follow-on" if follow_on else str(rank)
+        first = store.compare_set(f"ddplab/first_failure/{attempt}", "", mine).decode()
+        return Claim(int(first.split()[0]), first.endswith("follow-on"))
     except Exception:  # the store itself is gone: we cannot tell who was first
         return None
 
