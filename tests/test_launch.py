@@ -15,6 +15,7 @@ from conftest import REPO, run_script
 
 import ddplab
 from ddplab.run import cli, launch
+from ddplab.run.first_failure import Claim
 
 CH01 = "scripts/chapter01_processes.py"
 
@@ -109,9 +110,9 @@ CLOSED = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by pee
 
 
 @pytest.mark.parametrize(("error", "first", "reported"), [
-    (GLOO_TIMEOUT, launch.Claim(1, follow_on=True), "Timed out"),  # rank 1 only heard of it
-    (CLOSED, launch.Claim(1, follow_on=True), None),  # both heard of something else
-    (ValueError("bad checkpoint"), launch.Claim(1, follow_on=False), None),  # one cause, twice
+    (GLOO_TIMEOUT, Claim(1, follow_on=True), "Timed out"),  # rank 1 only heard of it
+    (CLOSED, Claim(1, follow_on=True), None),  # both heard of something else
+    (ValueError("bad checkpoint"), Claim(1, follow_on=False), None),  # one cause, twice
 ])
 def test_under_torchrun_a_rank_that_lost_the_claim_reports_a_cause_the_first_did_not_have(
         error, first, reported, tmp_path, monkeypatch, capsys):

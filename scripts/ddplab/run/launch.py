@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,7 @@ import torch.multiprocessing as mp
 from . import stopping
 from .cli import RANK_VARIABLES, UsageError, check_launcher_environment
 from .devices import Placement, default_world_size, place, usable_cores
+from .first_failure import Claim, a_cause_behind, claim_failure, is_follow_on, one_line
 from .ranks import RankContext, seed_everything
 from .results import provenance
 from .stopping import exit_without_teardown
@@ -188,7 +189,7 @@ def _spawned_rank(rank: int, worker: Worker, args, plan: _SpawnPlan) -> None:
                           timeout=timedelta(seconds=args.timeout))
 
     def report(err: BaseException, first: Claim | None) -> None:
-        failure = {"rank": rank, "first": first.rank if first else None, "summary": _one_line(err),
+        failure = {"rank": rank, "first": first.rank if first else None, "summary": one_line(err),
                    "traceback": "".join(traceback.format_exception(err))}
         (plan.scratch / f"error-rank{rank}.json").write_text(json.dumps(failure))
 
@@ -221,10 +222,10 @@ def _root_cause(scratch: Path, rank: int, *, died: str | None = None,
         return RankFailed(rank, f"the process {died} (no Python traceback: killed, out of "
                                 "memory, or a crash in native code)")
     first = next((r for r in reports.values() if r["first"] == r["rank"]), reports.get(rank))
-    if first is not None and _is_follow_on(first["summary"]):
+    if first is not None and is_follow_on(first["summary"]):
         # A rank's transport can close its sockets (a gloo timeout does) before that rank has
         # claimed the failure: prefer a rank whose own error is not "the peer went away".
-        first = next((r for r in reports.values() if not _is_follow_on(r["summary"])), first)
+        first = next((r for r in reports.values() if not is_follow_on(r["summary"])), first)
     if first is None:  # mp.spawn's own message: the traceback, ending in 'Type: message'
         lines = raised.strip().splitlines()
         return RankFailed(rank, lines[-1] if lines else "failed with no error message", raised)
@@ -242,10 +243,6 @@ def _check_room(scratch: Path) -> None:
 _ROOM_FOR_REPORTS = 1 << 20  # an error report fits in far less
 
 
-def _is_follow_on(summary: str) -> bool:
-    return "Connection closed by peer" in summary or "Connection reset by peer" in summary
-
-
 def _how_it_died(err: mp.ProcessExitedException) -> str:
     if err.signal_name:
         return f"was killed by {err.signal_name}"
@@ -261,32 +258,25 @@ def _launched_by_torchrun(worker: Worker, args) -> Run | None:
         raise UsageError(f"--world-size {args.world_size} does not match torchrun's {world_size} "
                          "processes; leave --world-size out under torchrun")
     placement = place(_device_flag(args), args.backend, local_world_size)
-    first_failure: list[Claim | None] = []
+    claims: list[Claim | None] = []
     try:
         return _run_rank(worker, args, rank=rank, local_rank=int(os.environ["LOCAL_RANK"]),
                          world_size=world_size, local_world_size=local_world_size,
                          placement=placement, launcher="torchrun", store=None,
-                         on_error=lambda err, first: first_failure.append(first))
+                         on_error=lambda err, first: claims.append(first))
     except Exception as err:
-        first = first_failure[0] if first_failure else None
-        if first is not None and first.rank != rank and not _a_cause_behind(first, err):
+        first = claims[0] if claims else None
+        if first is not None and first.rank != rank and not a_cause_behind(first, err):
             # A follow-on failure.  Say so in one line, then give torchrun a moment to stop us,
             # so that its summary names the rank that failed first as the root cause.
             print(f"[rank {rank}] stopped: rank {first.rank} failed first (read its error)",
                   file=sys.stderr)
             time.sleep(_FOLLOW_ON_GRACE_S)
             raise SystemExit(1) from None
-        raise RankFailed(rank, _one_line(err), "".join(traceback.format_exception(err))) from None
+        raise RankFailed(rank, one_line(err), "".join(traceback.format_exception(err))) from None
 
 
 _FOLLOW_ON_GRACE_S = 5.0
-
-
-def _a_cause_behind(first: Claim, err: BaseException) -> bool:
-    """This rank has a cause of its own (a timeout, say) and the rank that claimed first only
-    heard of it ("Connection closed by peer"): a gloo timeout closes the rank's sockets before
-    that rank can claim, so the peer the closing failed may claim first.  Report it anyway."""
-    return first.follow_on and not _is_follow_on(_one_line(err))
 
 
 # --- the part both launchers share ----------------------------------------------------------
@@ -317,40 +307,7 @@ def _run_rank(worker: Worker, args, *, rank: int, local_rank: int, world_size: i
         return Run(result, provenance(ctx)) if ctx.is_main else None
     except BaseException as err:
         if not isinstance(err, stopping.Stopped):  # stopped from outside: not a failure
-            follow_on = _is_follow_on(_one_line(err))
-            on_error(err, _claim_first_failure(store, rank, follow_on, args.timeout))
+            on_error(err, claim_failure(store, rank, err, args.timeout))
         raise
     finally:
         dist.destroy_process_group()  # always leave the group, even after an error
-
-
-class Claim(NamedTuple):
-    """The rank that failed first, and whether its own error was only a follow-on."""
-    rank: int
-    follow_on: bool
-
-
-def _claim_first_failure(store: dist.Store | None, rank: int, follow_on: bool,
-                         timeout: float) -> Claim | None:
-    """Atomically record 'rank failed' unless a rank already did; return who failed first.
-
-    When one rank dies, its peers fail too ("Connection closed by peer").  The store's
-    compare-and-set lets exactly one rank — the first — claim to be the cause.
-    """
-    try:
-        if store is None:  # torchrun: its store listens at MASTER_ADDR:MASTER_PORT
-            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                  is_master=False, timeout=timedelta(seconds=min(timeout, 5)))
-        # torchrun may keep its store across restarts (--max-restarts): one key per attempt.
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        mine = f"{rank} follow-on" if follow_on else str(rank)
-        first = store.compare_set(f"ddplab/first_failure/{attempt}", "", mine).decode()
-        return Claim(int(first.split()[0]), first.endswith("follow-on"))
-    except Exception:  # the store itself is gone: we cannot tell who was first
-        return None
-
-
-def _one_line(err: BaseException) -> str:
-    """'ValueError: first line of the message' — the line a reader sees last."""
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
