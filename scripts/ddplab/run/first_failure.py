@@ -24,7 +24,7 @@ class Claim(NamedTuple):
 
 
 def claim_failure(store: dist.Store | None, rank: int, err: BaseException,
-          timeout: float) -> Claim | None:
+                  timeout: float) -> Claim | None:
     """Atomically record 'rank failed' unless a rank already did; return who failed first."""
     follow_on = is_follow_on(one_line(err))
     try:
