@@ -158,10 +158,10 @@ def _probe_main(path: str, names: list[str], answer, where) -> None:
     os._exit(0)  # nothing the learner's module registered (atexit, threads) runs or blocks
 
 
-def _probe(path: Path, names: list[str]) -> tuple[str, object]:
+def _probe(path: Path, chapter: int, names: list[str]) -> tuple[str, object]:
     """Import the file in a child process, within import_timeout(): ("ok", missing names),
     ("error", what was raised), or ("stopped", why the import never finished)."""
-    ctx = _context()
+    ctx = _context(chapter)
     receiving, answer = ctx.Pipe(duplex=False)
     where = ctx.Array("c", 300, lock=False)
     child = ctx.Process(target=_probe_main, args=(str(path), names, answer, where), daemon=True)
@@ -189,9 +189,10 @@ def _probe(path: Path, names: list[str]) -> tuple[str, object]:
         receiving.close()
 
 
-def precheck(path: Path, exercises: list[Exercise]) -> tuple[dict[str, Verdict], str]:
+def precheck(path: Path, chapter: int, exercises: list[Exercise]
+             ) -> tuple[dict[str, Verdict], str]:
     """Problems visible without ranks: a syntax error, a file that never imports, a missing name."""
-    status, answer = _probe(path, [ex.name for ex in exercises])
+    status, answer = _probe(path, chapter, [ex.name for ex in exercises])
     if status == "error":
         return {}, f"{path} cannot be imported: {answer}"
     if status == "stopped":
@@ -240,12 +241,21 @@ def _rank_main(rank, world, port, prefix, path, chapter, ids, to_parent, go, wai
 
 
 # ---------------------------------------------------------------- the grading process
-def _context():
-    """Ranks fork from a server that has imported torch once, where that server can start."""
+def _context(chapter: int):
+    """Ranks fork from a server that has imported torch and the chapter's checks once, where
+    that server can start: a rank then starts in a fraction of a second, not seconds."""
     ctx = mp.get_context("forkserver" if _forkserver_fits() else "spawn")
     if ctx.get_start_method() == "forkserver":
-        ctx.set_forkserver_preload(["torch", "torch.distributed"])
+        ctx.set_forkserver_preload(fork_server_preload(chapter))
     return ctx
+
+
+def fork_server_preload(chapter: int) -> list[str]:
+    """What the fork server imports once, so that no rank does: torch; torch._dynamo, which
+    torch imports on the first optimizer or DDP a process builds (a second of CPU); and the
+    grader's checks of the chapter (chapter 11's pull in FSDP and DTensor).  Never the learner's
+    file: that is imported in the ranks, which the grader controls."""
+    return ["torch", "torch.distributed", "torch._dynamo", f"exercises.grader.ch{chapter:02d}"]
 
 
 # The fork server listens on a Unix socket at $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX, and a
@@ -298,7 +308,7 @@ def _hang_message(ex: Exercise, waiting, where) -> str:
 def run_world(path: Path, chapter: int, exercises: list[Exercise], world: int, store, launch_no
               ) -> dict[str, Verdict]:
     """Run ``exercises`` on ``world`` ranks, relaunching after an exercise that hung or split."""
-    ctx, verdicts, todo = _context(), {}, list(exercises)
+    ctx, verdicts, todo = _context(chapter), {}, list(exercises)
     while todo:
         launch_no[0] += 1
         to_parent = ctx.Queue()
@@ -372,7 +382,7 @@ def grade(path: Path, chapter: int) -> list[Verdict]:
     path = Path(path).resolve()
     check_path(path)
     timeout_override()  # a bad GRADER_TIMEOUT_S is said before anything starts
-    verdicts, problem = precheck(path, exercises)
+    verdicts, problem = precheck(path, chapter, exercises)
     if problem:
         return [Verdict(ex, "broken", problem) for ex in exercises]
     # The store lives here, on a port the system picked: no race for a free port between ranks.
