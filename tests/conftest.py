@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import chapters  # scripts/chapters.py, the chapter registry
+
 REPO = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -39,6 +41,10 @@ def pytest_configure(config) -> None:
 def pytest_unconfigure(config) -> None:
     made = config.stash.get(_MADE_HERE, None)
     if made:
+        if "multiprocessing.util" in sys.modules:  # TEST_WORKERS=0: this process forked ranks
+            # multiprocessing's own exit step, run now: it removes its pymp-* directory, inside
+            # `made`, which it would otherwise fail to find at exit (a traceback); it runs once.
+            sys.modules["multiprocessing.util"]._exit_function()
         shutil.rmtree(made, ignore_errors=True)
 
 
@@ -141,11 +147,30 @@ else:
 PROVENANCE_KEYS = {"torch", "backend", "device", "world_size", "quick", "date", "git_commit"}
 
 
-# What the ranks of a launch_forked run import: the fork server imports them once per session,
-# and each rank forked from it starts without importing torch again (about 2 CPU-seconds).
-FORK_SERVER_PRELOAD = ["torch", "torch.distributed", "ddplab", "bubble_workers",
+# What the ranks of a launch_forked run, and of a grading in this process, import: the fork
+# server imports them once per session, and each rank forked from it starts without importing
+# torch again, nor torch._dynamo (torch imports it on a process's first optimizer or DDP):
+# about 2 CPU-seconds a rank.
+FORK_SERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "ddplab", "bubble_workers",
                        "collective_workers", "ddp_workers", "fsdp_workers", "ring_halves_workers",
-                       "ring_workers", "zero_workers"]
+                       "ring_workers", "zero_workers",
+                       *(f"exercises.grader.ch{c.number:02d}" for c in chapters.with_exercises())]
+
+
+def start_fork_server() -> None:
+    """Start this process's fork server with everything above, if it is not running yet.
+
+    The grader's own preload (``exercises.grader.core.fork_server_preload``: torch and one
+    chapter's checks) is what a learner's grading gets; a test process grades every chapter,
+    so it starts the server first, with all of them.  The server ends with this process
+    (multiprocessing closes its pipe)."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    if str(REPO) not in sys.path:  # `exercises` is a top-level package, as `python -m` sees it
+        sys.path.insert(0, str(REPO))
+    multiprocessing.set_forkserver_preload(FORK_SERVER_PRELOAD)
+    forkserver.ensure_running()
 
 
 def launch_forked(worker, args):
@@ -153,18 +178,17 @@ def launch_forked(worker, args):
 
     Only for tests that check what the ranks compute (sums, bits, errors a rank raises).  Tests
     of how ranks start, stop, die or clean up, and every chapter script, keep the readers'
-    ``spawn``.  The server ends with this process (multiprocessing closes its pipe).
-    """
-    import multiprocessing
-    from multiprocessing import forkserver
-
+    ``spawn``."""
     import ddplab
 
-    # The grader (tests/test_exercises.py) may have started the server, with less preloaded:
-    # its ranks then import the rest themselves, which changes the speed, not the results.
-    multiprocessing.set_forkserver_preload(FORK_SERVER_PRELOAD)
-    forkserver.ensure_running()
+    start_fork_server()
     return ddplab.launch(worker, args, start_method="forkserver")
+
+
+@pytest.fixture(scope="module")
+def fork_server() -> None:
+    """For tests that grade in this process: the grader's ranks fork from the suite's server."""
+    start_fork_server()
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from exercises.grader.chapters import SLUGS, learner_file, solution_file  # noqa
 WRONG = REPO / "exercises" / "wrong"
 CHAPTERS = sorted(SLUGS)
 CHAPTER_IDS = [f"ch{c:02d}" for c in CHAPTERS]  # `-k ch09` selects one chapter's tests
+pytestmark = pytest.mark.usefixtures("fork_server")  # grading ranks fork from conftest's server
 
 # file in exercises/wrong/ -> {exercise: words its ✗ line must contain}
 MISTAKES = {

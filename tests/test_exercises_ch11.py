@@ -13,6 +13,8 @@ from test_exercises import REPO, WRONG, assert_no_rank_left, by_id
 
 from exercises.grader import ch11, core
 
+pytestmark = pytest.mark.usefixtures("fork_server")  # grading ranks fork from conftest's server
+
 
 def test_the_grader_uses_3_ranks_only():
     assert {ex.world_sizes for ex in ch11.EXERCISES} == {(3,)}
