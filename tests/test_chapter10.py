@@ -11,6 +11,7 @@ from pathlib import Path
 import chapter10_many_nodes as ch10
 import pytest
 from conftest import PROVENANCE_KEYS, REPO, assert_png, load_results, run_quick, run_script
+from test_faults_nodes import left_by, start_mini_launcher
 
 from ddplab import costmodel
 from ddplab.run import netns
@@ -175,9 +176,22 @@ def test_killed_node_ends_the_other_with_a_clear_error_and_leaves_nothing(tmp_pa
 # --- the whole chapter ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def chapter(tmp_path_factory):
+def killed_run() -> int | None:
+    """The pid of a two-node launcher killed with SIGKILL just before the chapter's run: what
+    it left (namespaces, cable, qdisc) is the next run's to remove.  None without root."""
+    if netns.unavailable_reason() is not None:
+        return None
+    launcher = start_mini_launcher()
+    launcher.kill()
+    launcher.wait()
+    return launcher.pid
+
+
+@pytest.fixture(scope="module")
+def chapter(tmp_path_factory, killed_run):
     """One --quick run for every check of the whole chapter.  Where two nodes can be emulated
-    it also loses a node (--failover), which adds to the quick run, changing none of it."""
+    it also loses a node (--failover), which adds to the quick run, changing none of it; and it
+    is the run that comes after a killed one (``killed_run``)."""
     if netns.unavailable_reason() is not None:
         return run_quick(tmp_path_factory, SCRIPT, 10)
     out = tmp_path_factory.mktemp("ch10")
@@ -205,6 +219,21 @@ def test_quick_run_writes_everything(chapter):
         assert not leftovers("ddpl-")
     else:
         assert "two emulated nodes skipped" in run.stdout
+
+
+@NEEDS_ROOT
+@pytest.mark.slow
+def test_the_run_removed_what_a_killed_run_left_and_said_so(chapter, killed_run):
+    run, _, _ = chapter
+    try:
+        notes = [ln for ln in run.stdout.splitlines() if ln.startswith("note: removed")]
+        assert len(notes) == 1, run.stdout
+        assert notes[0].startswith("note: removed what an earlier two-node run left when it "
+                                   "was killed: namespace ddpl-"), notes[0]
+        assert all(f"namespace ddpl-{killed_run}-{n}" in notes[0] for n in "ab"), notes[0]
+        assert not left_by(killed_run)
+    finally:
+        netns.remove_leftovers()
 
 
 def test_bad_link_is_one_line():

@@ -120,25 +120,8 @@ def test_a_killed_launchers_node_processes_end_and_doctor_removes_the_rest():
         netns.remove_leftovers()
 
 
-@NEEDS_ROOT
-@pytest.mark.slow
-def test_the_next_chapter10_run_removes_what_a_killed_one_left_and_says_so(tmp_path):
-    launcher = start_mini_launcher()
-    launcher.kill()
-    launcher.wait()
-    try:
-        run = subprocess.run([sys.executable, SCRIPT, "--quick", "--no-failover", "--out",
-                              str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-                             timeout=300)
-        assert run.returncode == 0, run.stderr[-2000:]
-        notes = [ln for ln in run.stdout.splitlines() if ln.startswith("note: removed")]
-        assert len(notes) == 1, run.stdout
-        assert notes[0].startswith("note: removed what an earlier two-node run left when it "
-                                   "was killed: namespace ddpl-"), notes[0]
-        assert all(f"namespace ddpl-{launcher.pid}-{n}" in notes[0] for n in "ab"), notes[0]
-        assert not left_by(launcher.pid)
-    finally:
-        netns.remove_leftovers()
+# The next chapter 10 run removes what a killed one left, and says so: chapter 10's own quick
+# run checks it (tests/test_chapter10.py, killed_run).
 
 
 @NEEDS_ROOT
