@@ -147,29 +147,29 @@ else:
 PROVENANCE_KEYS = {"torch", "backend", "device", "world_size", "quick", "date", "git_commit"}
 
 
-# What the ranks of a launch_forked run, and of a grading in this process, import: the fork
-# server imports them once per session, and each rank forked from it starts without importing
-# torch again, nor torch._dynamo (torch imports it on a process's first optimizer or DDP):
-# about 2 CPU-seconds a rank.
-FORK_SERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "ddplab", "bubble_workers",
-                       "collective_workers", "ddp_workers", "fsdp_workers", "ring_halves_workers",
-                       "ring_workers", "zero_workers",
-                       *(f"exercises.grader.ch{c.number:02d}" for c in chapters.with_exercises())]
+# What the tests' own forked ranks import besides what a grading preloads: the fork server
+# imports it all once per session, and each rank forked from it starts without importing torch
+# or torch._dynamo again (about 2 CPU-seconds a rank).
+TEST_WORKER_MODULES = ["ddplab", "bubble_workers", "collective_workers", "ddp_workers",
+                       "fsdp_workers", "ring_halves_workers", "ring_workers", "zero_workers"]
 
 
 def start_fork_server() -> None:
-    """Start this process's fork server with everything above, if it is not running yet.
+    """Start this process's fork server, if it is not running yet, with what a grading of each
+    chapter preloads (``exercises.grader.core.fork_server_preload``) and the tests' workers.
 
-    The grader's own preload (``exercises.grader.core.fork_server_preload``: torch and one
-    chapter's checks) is what a learner's grading gets; a test process grades every chapter,
-    so it starts the server first, with all of them.  The server ends with this process
-    (multiprocessing closes its pipe)."""
+    A learner's grading preloads one chapter; a test process grades every chapter and forks
+    ranks of its own, so it starts the server first, with all of them.  The server ends with
+    this process (multiprocessing closes its pipe)."""
     import multiprocessing
     from multiprocessing import forkserver
 
     if str(REPO) not in sys.path:  # `exercises` is a top-level package, as `python -m` sees it
         sys.path.insert(0, str(REPO))
-    multiprocessing.set_forkserver_preload(FORK_SERVER_PRELOAD)
+    from exercises.grader.core import fork_server_preload
+
+    grading = [m for c in chapters.with_exercises() for m in fork_server_preload(c.number)]
+    multiprocessing.set_forkserver_preload(list(dict.fromkeys(grading + TEST_WORKER_MODULES)))
     forkserver.ensure_running()
 
 
