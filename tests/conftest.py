@@ -75,6 +75,46 @@ def run_script(*argv: str, timeout: float = 120) -> ScriptRun:
     return ScriptRun(proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - start)
 
 
+def refuse_in_process(script: str, *argv: str) -> tuple[int, str]:
+    """A chapter script's ``main``, through ``run_main`` as its last line runs it, in this
+    process: (exit code, stderr), for input it must refuse before any rank starts.  An
+    argparse error ends it as it would end the script: ``SystemExit``'s code.
+
+    A new process would import torch again (about 2.5 CPU-seconds) to print one line; the
+    script's own exit path is tested by its runs.  A rank started here fails the test: the
+    refusal came too late.  The signal handlers and warning hook ``run_main`` installs are put
+    back."""
+    import importlib
+    import signal
+    import warnings
+    from contextlib import redirect_stderr, redirect_stdout
+    from io import StringIO
+    from unittest import mock
+
+    import torch.multiprocessing
+
+    import ddplab
+
+    module = importlib.import_module(Path(script).stem)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    err = StringIO()
+
+    def no_rank(*_args, **_kwargs):
+        raise AssertionError(f"{script} {' '.join(argv)} started ranks instead of refusing")
+
+    try:
+        with (mock.patch.object(torch.multiprocessing, "start_processes", no_rank),
+              mock.patch.object(subprocess, "Popen", no_rank), warnings.catch_warnings(),
+              redirect_stdout(StringIO()), redirect_stderr(err)):
+            code = ddplab.run_main(module.main, list(argv))
+    except SystemExit as exit_:  # argparse's own refusal, as the interpreter would end it
+        code = exit_.code
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return code, err.getvalue()
+
+
 def load_scaled(seconds: float) -> tuple[float, float]:
     """``seconds`` stretched by how busy the machine is now: (bound, 1-minute load average).
 

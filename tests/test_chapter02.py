@@ -5,7 +5,13 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import PROVENANCE_KEYS, assert_png, launch_forked, run_quick, run_script
+from conftest import (
+    PROVENANCE_KEYS,
+    assert_png,
+    launch_forked,
+    refuse_in_process,
+    run_quick,
+)
 
 SCRIPT = "scripts/chapter02_collectives.py"
 COLLECTIVES = ("send_recv", "broadcast", "scatter", "gather", "reduce", "all_gather",
@@ -70,9 +76,9 @@ def test_traffic_table_and_gloo_support(quick):
 
 
 def test_one_rank_is_refused_with_one_line(out_dir):
-    run = run_script(SCRIPT, "--world-size", "1", "--out", str(out_dir))
-    assert run.returncode == 2
-    assert run.stderr.strip().splitlines()[-1].startswith("error: chapter 02 needs at least 2")
+    code, err = refuse_in_process(SCRIPT, "--world-size", "1", "--out", str(out_dir))
+    assert code == 2
+    assert err.strip().splitlines()[-1].startswith("error: chapter 02 needs at least 2")
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from conftest import PROVENANCE_KEYS, assert_png, load_results, run_quick, run_script
+from conftest import (
+    PROVENANCE_KEYS,
+    assert_png,
+    load_results,
+    refuse_in_process,
+    run_quick,
+    run_script,
+)
 
 SCRIPT = "scripts/chapter05_data_parallel.py"
 FIGURES = ("equivalence.png", "speed.png", "sharding.png")
@@ -99,7 +106,7 @@ def test_torchrun_skips_the_world_size_sweep_with_a_note(tmp_path):
     (["--bucket-cap-mb", "lots"], "--bucket-cap-mb: 'lots' is not a number"),
 ])
 def test_bad_flags_are_one_clear_line(argv, message, tmp_path):
-    run = run_script(SCRIPT, *argv, "--out", str(tmp_path))
-    assert run.returncode == 2
-    assert message in run.stderr
-    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    code, err = refuse_in_process(SCRIPT, *argv, "--out", str(tmp_path))
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import PROVENANCE_KEYS, assert_png, run_quick, run_script
+from conftest import PROVENANCE_KEYS, assert_png, refuse_in_process, run_quick, run_script
 
 from backstage import chapter06_report
 from ddplab import stragglers
@@ -176,12 +176,12 @@ def test_the_rank_that_timed_out_is_blamed_not_the_peer_it_cut_off(tmp_path):
 
 
 def test_bad_flags_are_one_clear_line(tmp_path):
-    run = run_script(SCRIPT, "--delays", "0,x", "--out", str(tmp_path))
-    assert run.returncode == 2
-    assert "--delays" in run.stderr and "Traceback" not in run.stderr
-    run = run_script(SCRIPT, "--world-size", "1", "--out", str(tmp_path))
-    assert run.returncode == 2
-    assert "at least 2 ranks" in run.stderr
+    code, err = refuse_in_process(SCRIPT, "--delays", "0,x", "--out", str(tmp_path))
+    assert code == 2
+    assert "--delays" in err and "Traceback" not in err
+    code, err = refuse_in_process(SCRIPT, "--world-size", "1", "--out", str(tmp_path))
+    assert code == 2
+    assert "at least 2 ranks" in err
 
 
 @pytest.mark.slow

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import chapter10_many_nodes as ch10
 import pytest
-from conftest import PROVENANCE_KEYS, REPO, assert_png, load_results, run_quick, run_script
+from conftest import (
+    PROVENANCE_KEYS,
+    REPO,
+    assert_png,
+    load_results,
+    refuse_in_process,
+    run_quick,
+    run_script,
+)
 from test_faults_nodes import left_by, start_mini_launcher
 
 from ddplab import costmodel
@@ -237,10 +245,10 @@ def test_the_run_removed_what_a_killed_run_left_and_said_so(chapter, killed_run)
 
 
 def test_bad_link_is_one_line():
-    run = run_script(SCRIPT, "--gpus", "64", "--link", "carrier-pigeon")
-    assert run.returncode == 2
-    assert len(run.stderr.strip().splitlines()) == 1
-    assert "--link" in run.stderr
+    code, err = refuse_in_process(SCRIPT, "--gpus", "64", "--link", "carrier-pigeon")
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert "--link" in err
 
 
 # --- the recipes (they cannot run here: syntax and shape only) ---------------------------------

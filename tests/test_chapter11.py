@@ -7,7 +7,14 @@ import json
 import shutil
 
 import pytest
-from conftest import PROVENANCE_KEYS, assert_png, load_results, run_quick, run_script
+from conftest import (
+    PROVENANCE_KEYS,
+    assert_png,
+    load_results,
+    refuse_in_process,
+    run_quick,
+    run_script,
+)
 
 SCRIPT = "scripts/chapter11_sharding.py"
 FIGURES = ("ledger_formula.png", "ledger.png", "gathers.png", "timeline.png", "halves.png")
@@ -226,7 +233,7 @@ def test_torchrun_runs_the_same_code_and_skips_the_reload(tmp_path):
     (["--steps", "-1"], "--steps: must be positive, got -1"),
 ])
 def test_bad_flags_are_one_clear_line(argv, message, tmp_path):
-    run = run_script(SCRIPT, *argv, "--out", str(tmp_path))
-    assert run.returncode == 2
-    assert message in run.stderr
-    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    code, err = refuse_in_process(SCRIPT, *argv, "--out", str(tmp_path))
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err

@@ -8,7 +8,7 @@ import json
 import gpu_check  # scripts/ is on pytest's pythonpath
 import pytest
 import torch
-from conftest import run_script
+from conftest import refuse_in_process
 
 from ddplab.run.cli import UsageError
 from ddplab.run.devices import place
@@ -90,9 +90,10 @@ def test_headline_skips_missing_keys():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without GPU")
 def test_a_chapter_refuses_device_cuda_without_a_gpu_in_one_line(tmp_path):
-    run = run_script("scripts/chapter01_processes.py", "--device", "cuda", "--out", str(tmp_path))
-    assert run.returncode == 2
-    last = run.stderr.strip().splitlines()
+    code, err = refuse_in_process("scripts/chapter01_processes.py", "--device", "cuda", "--out",
+                                  str(tmp_path))
+    assert code == 2
+    last = err.strip().splitlines()
     assert len(last) == 1 and "--device cuda: no CUDA GPU is visible" in last[0]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import rank_workers
-from conftest import REPO, run_script
+from conftest import REPO, refuse_in_process, run_script
 
 import ddplab
 from ddplab.run import cli, launch
@@ -148,10 +148,10 @@ def test_crash_from_the_command_line_prints_one_traceback_and_one_last_line(out_
 
 
 def test_nccl_without_gpus_is_one_clear_line(out_dir):
-    run = run_script(CH01, "--backend", "nccl", "--out", str(out_dir))
-    assert run.returncode == 2
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1, run.stderr
+    code, err = refuse_in_process(CH01, "--backend", "nccl", "--out", str(out_dir))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
     assert lines[0].startswith("error: --backend nccl")
     assert "gloo" in lines[0]  # says what to do instead
 
@@ -163,21 +163,28 @@ def test_nccl_without_gpus_is_one_clear_line(out_dir):
     (["--timeout", "0"], "--timeout must be positive"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(argv, message, out_dir):
-    run = run_script(CH01, *argv, "--out", str(out_dir))
-    assert run.returncode == 2
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1, run.stderr
+    code, err = refuse_in_process(CH01, *argv, "--out", str(out_dir))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
     assert message in lines[0]
     assert not out_dir.exists()
+
+
+def test_a_refusal_checked_in_this_process_fails_if_the_ranks_start(out_dir):
+    # refuse_in_process (conftest) guards the in-process checks of bad input above: good flags
+    # get as far as starting ranks, which it must report instead of running them here
+    with pytest.raises(AssertionError, match="started ranks instead of refusing"):
+        refuse_in_process(CH01, "--out", str(out_dir))
 
 
 def test_unwritable_out_is_one_line_and_writes_nothing(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    run = run_script(CH01, "--out", str(blocker / "figures"))
-    assert run.returncode == 2
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1, run.stderr
+    code, err = refuse_in_process(CH01, "--out", str(blocker / "figures"))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
     assert "cannot write to --out" in lines[0]
     assert blocker.read_text() == "not a directory"
 
