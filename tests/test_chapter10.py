@@ -290,6 +290,9 @@ def test_lost_node_is_relaunched_and_training_resumes_bit_for_bit(chapter):
         assert failover["attempt"] == 1  # node a's torchrun restarted its ranks once
         assert failover["resumed_from_step"] is not None  # from a checkpoint, not from step 0
         assert failover["max_abs_diff"] == 0.0  # 4 ranks on gloo: the same sums, same order
+        # one after the other: the old ranks end, the new ones start, the resumed run ends
+        assert failover["detected_s"] < failover["restarted_s"] < failover["recovery_s"]
+        assert failover["keep_alive_s"] == ch10.KEEP_ALIVE_S * ch10.KEEP_ALIVE_ATTEMPTS
     # a killed node's kernel closes its connections; after a power cut nothing arrives, and
     # node a's ranks learn of the loss only when their collective times out
     assert "by peer" in two_node["failover"]["node_a_heard"], two_node["failover"]

@@ -110,7 +110,8 @@ def summarize(metrics: dict) -> str:
         if key in two:
             f = two[key]
             lines.append(f"failover: node b {what}, node a's ranks ended after "
-                         f"{f['detected_s']:.1f} s, b relaunched; resumed from step "
+                         f"{f['detected_s']:.1f} s, b relaunched, a's new ranks after "
+                         f"{f['restarted_s']:.1f} s; resumed from step "
                          f"{f['resumed_from_step']} (torchrun restart {f['attempt']}) "
                          f"{f['recovery_s']:.0f} s after the loss; max |Δparam| vs "
                          f"uninterrupted = {f['max_abs_diff']:g}")
