@@ -281,6 +281,8 @@ _FOLLOW_ON_GRACE_S = 5.0
 
 # --- the part both launchers share ----------------------------------------------------------
 
+_KEPT_UNTIL_EXIT: list = []  # process groups this rank has left, never to be freed
+
 def _run_rank(worker: Worker, args, *, rank: int, local_rank: int, world_size: int,
               local_world_size: int, placement: Placement, launcher: str,
               store: dist.Store | None,
@@ -310,4 +312,5 @@ def _run_rank(worker: Worker, args, *, rank: int, local_rank: int, world_size: i
             on_error(err, claim_failure(store, rank, err, args.timeout))
         raise
     finally:
+        _KEPT_UNTIL_EXIT.append(dist.group.WORLD)  # see exit_without_teardown
         dist.destroy_process_group()  # always leave the group, even after an error

@@ -164,13 +164,15 @@ def exit_without_teardown(code: int) -> None:
     rank's teardown can crash, rarely: ``terminate called without an active exception``,
     SIGABRT, after the work was done (pytorch#190489).  A process group's C++ thread lets go
     of a tensor during the teardown and needs the GIL, which a shutting-down Python refuses by
-    ending the thread, which C++ turns into ``std::terminate``.  The thread is still there
-    because the group outlived ``destroy_process_group``: ``torch.distributed.nn``'s functions
-    take ``group=group.WORLD`` as a default, evaluated when DDP imports the module (through
-    ``torch._dynamo``).  Importing it first would let the group die, but here not safely: a
-    comm hook's future callback can hold the group, and if the group's own thread drops that
-    last reference, the thread joins itself (our reading of the abort this caused when tried:
-    ``std::system_error``, "Resource deadlock avoided").  Skipping the teardown avoids both.
+    ending the thread, which C++ turns into ``std::terminate``.
+
+    The group itself must not be freed either, so ``_run_rank`` keeps it past
+    ``destroy_process_group``: a comm hook's future callback can hold the group's last
+    reference, and if the group's own thread drops it, the thread joins itself
+    (``std::system_error``, "Resource deadlock avoided", SIGABRT while the atexit handlers
+    run).  Until torch._dynamo was imported before the group existed (the tests' fork server
+    preloads it), ``torch.distributed.nn`` kept the group by accident: its functions take
+    ``group=group.WORLD`` as a default, evaluated when DDP first imports the module.
     """
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
