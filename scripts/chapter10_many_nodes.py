@@ -49,10 +49,7 @@ MiB = 1 << 20
 RATES = {"unshaped": None, "1gbit": 1000.0, "100mbit": 100.0}  # Mbit/s per direction
 BUCKET_CAP_MB = 4.0  # chapter 05's setting: three buckets for the book's 8 MiB of gradients
 RDZV_PORT = 29510  # free by construction: the namespaces are new
-# A node whose torchrun sends no heartbeat for KEEP_ALIVE_S x KEEP_ALIVE_ATTEMPTS seconds is
-# dropped from the rendezvous; only then can the others start a new round without it
-# (torch's defaults: 5 s x 3).
-KEEP_ALIVE_S, KEEP_ALIVE_ATTEMPTS = 2, 3
+KEEP_ALIVE_S, KEEP_ALIVE_ATTEMPTS = 2, 3  # heartbeats a silent node misses before it is dropped
 
 
 # --- what every rank measures (in one node, or in two) ---------------------------------------
@@ -144,9 +141,8 @@ def torchrun_on(node: netns.Node, host: netns.Node, tag: str, program: list[str]
         # is_host: which node hosts the rendezvous store (torchrun's guess from the hostname
         # fails here: both namespaces share one hostname).
         "--rdzv-conf", f"is_host={int(node is host)},join_timeout={int(timeout)},"
-                       f"last_call_timeout=1,read_timeout={int(timeout)},"
-                       f"keep_alive_interval={KEEP_ALIVE_S},"
-                       f"keep_alive_max_attempt={KEEP_ALIVE_ATTEMPTS}",
+                       f"last_call_timeout=1,read_timeout={int(timeout)},keep_alive_interval="
+                       f"{KEEP_ALIVE_S},keep_alive_max_attempt={KEEP_ALIVE_ATTEMPTS}",
         "--max-restarts", str(max_restarts),
         *program])  # the script and its flags
 # --8<-- [end:torchrun]
@@ -195,8 +191,7 @@ def run_two_nodes(args, phases: list[str], scratch: Path) -> dict:
 
 CHAPTER07 = Path(__file__).resolve().with_name("chapter07_checkpointing.py")
 FAILOVER_MBIT = 20.0  # slow enough that the kill lands between two checkpoints
-POWER_CUT_TIMEOUT_S = 15.0  # the ranks' collective timeout in the failovers: how long a's
-# ranks wait for a node that lost power (the rendezvous keeps --timeout)
+POWER_CUT_TIMEOUT_S = 15.0  # collective timeout in the failovers (the rendezvous keeps --timeout)
 
 
 def train_command(ckpt: Path, args, timeout: float) -> list[str]:
@@ -221,8 +216,7 @@ def reference_run(args, scratch: Path) -> Path:
 
 # --8<-- [start:failover]
 def failover(args, scratch: Path, reference: Path, power_cut: bool) -> dict:
-    """Lose node b after the first checkpoint (killed, its kernel still closes its connections;
-    in a power cut nothing more arrives); the script relaunches it, as a scheduler would."""
+    """Lose node b after the first checkpoint; relaunch it, as a scheduler would."""
     deadline, how = time.monotonic() + args.node_budget, "power_cut" if power_cut else "kill"
     ckpt, timeout = scratch / how, min(args.timeout, POWER_CUT_TIMEOUT_S)
     with netns.TwoNodes.create() as pair, contextlib.ExitStack() as files:
@@ -240,15 +234,13 @@ def failover(args, scratch: Path, reference: Path, power_cut: bool) -> dict:
         before = set(pair.pids(a))
         (pair.cut_power if power_cut else pair.kill)(b)  # every process of node b
         lost_at = time.monotonic()
-        wait_until(lambda: len(before - set(pair.pids(a))) >= 2, deadline,  # its 2 ranks
-                   "the end of node a's ranks")
+        wait_until(lambda: len(before - set(pair.pids(a))) >= 2, deadline, "a's ranks' end")
         detected_s = time.monotonic() - lost_at
         wait_until(lambda: not pair.pids(b), deadline, "node b's death")
         if power_cut:
             pair.restore_power(b)
         start(b, "b2")  # the scheduler brings a node back
-        wait_until(lambda: len(set(pair.pids(a)) - before) >= 2, deadline,  # a new round
-                   "node a's new ranks")
+        wait_until(lambda: len(set(pair.pids(a)) - before) >= 2, deadline, "a's new ranks")
         restarted_s = time.monotonic() - lost_at
         wait_until(lambda: node_a.poll() is not None, deadline, "the resumed run's end")
         if node_a.returncode != 0:
@@ -258,9 +250,8 @@ def failover(args, scratch: Path, reference: Path, power_cut: bool) -> dict:
     ref = torch.load(reference / "final.pt", weights_only=True)
     return {"resumed_from_step": final["resumed_from"], "attempt": final["attempt"],
             "max_abs_diff": (final["params"] - ref["params"]).abs().max().item(),
-            "detected_s": detected_s, "restarted_s": restarted_s,
-            "recovery_s": time.monotonic() - lost_at,
-            "keep_alive_s": KEEP_ALIVE_S * KEEP_ALIVE_ATTEMPTS,
+            "detected_s": detected_s, "recovery_s": time.monotonic() - lost_at,
+            "restarted_s": restarted_s, "keep_alive_s": KEEP_ALIVE_S * KEEP_ALIVE_ATTEMPTS,
             "node_a_heard": report.how_node_a_heard(scratch / f"{how}-a.log"),
             "collective_timeout_s": timeout, "link_mbit": FAILOVER_MBIT}
 
