@@ -69,8 +69,11 @@ def test_a_slow_collective_is_a_busy_machine_not_the_network():
 
 
 @pytest.mark.slow
-def test_a_rendezvous_that_never_forms_is_the_network():
-    # no rank hosts the rendezvous: every rank's connection is refused until it gives up
+def test_a_rendezvous_that_never_forms_is_the_network(monkeypatch):
+    # no rank hosts the rendezvous: every rank's connection is refused until it gives up.
+    # torch's TCPStore client tries twice, pausing a few seconds between: with the doctor's 8 s
+    # each, about 20 s; 2 s each shows the same
+    monkeypatch.setattr(doctor, "STORE_TIMEOUT_S", 2.0)
     check = doctor.check_gloo(timeout=60, unreachable=True)
     assert check.mark == doctor.FAIL, check
     assert "busy" not in check.detail and "connect" in check.detail, check.detail
