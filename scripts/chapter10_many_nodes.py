@@ -190,7 +190,7 @@ def run_two_nodes(args, phases: list[str], scratch: Path) -> dict:
 # --- a node dies, the job resumes -------------------------------------------------------------
 
 CHAPTER07 = Path(__file__).resolve().with_name("chapter07_checkpointing.py")
-FAILOVER_MBIT = 20.0  # slow enough that the kill lands between two checkpoints
+FAILOVER_MBIT = 100.0  # slow enough that the kill lands between two checkpoints
 POWER_CUT_TIMEOUT_S = 15.0  # collective timeout in the failovers (the rendezvous keeps --timeout)
 
 
