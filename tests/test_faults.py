@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from datetime import timedelta
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import REPO
+from conftest import REPO, refuse_in_process
 from torch import nn
 
 from ddplab import checkpoint as ck
@@ -58,6 +59,17 @@ class Sandbox:
             self.kill_leftovers()
             raise
         return proc.returncode, out, err
+
+    def refuse(self, *argv: str) -> tuple[int, str, str]:
+        """``run`` for input that must be refused before any process starts, in this process
+        (conftest's ``refuse_in_process``, which fails if a rank starts), this sandbox's TMPDIR
+        its temporary directory."""
+        saved, tempfile.tempdir = tempfile.tempdir, str(self.tmp)
+        try:
+            code, err = refuse_in_process(*argv)
+        finally:
+            tempfile.tempdir = saved
+        return code, "", err
 
     def processes(self) -> list[int]:
         """Live processes whose environment carries this sandbox's marker."""
@@ -242,7 +254,7 @@ def test_a_taken_port_does_not_matter(box):
 ])
 def test_bad_flags_are_one_line_and_exit_2(box, argv, message):
     argv = [str(box.out / "ckpt") if a == "CKPT" else a for a in argv]
-    code, _, err = box.run(*argv, "--out", str(box.out / "figures"))
+    code, _, err = box.refuse(*argv, "--out", str(box.out / "figures"))
     assert code == 2
     assert len(err.strip().splitlines()) == 1, err
     assert message in err
@@ -252,7 +264,7 @@ def test_bad_flags_are_one_line_and_exit_2(box, argv, message):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without GPUs")
 def test_nccl_without_a_gpu_is_one_line(box):
-    code, _, err = box.run(ENTRY, "outputs", "--backend", "nccl", "--out", str(box.out))
+    code, _, err = box.refuse(ENTRY, "outputs", "--backend", "nccl", "--out", str(box.out))
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert last_line(err).startswith("error: --backend nccl") and "gloo" in last_line(err)
     box.assert_clean()

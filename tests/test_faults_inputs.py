@@ -119,7 +119,7 @@ def test_bad_flags_are_refused_at_parse_time(box, argv, line):
     file = box.out / "a-file"
     file.write_text("mine")
     argv = [str(file) if a == "FILE" else a for a in argv]
-    code, _, err = box.run(*argv, "--out", str(box.out / "figures"))
+    code, _, err = box.refuse(*argv, "--out", str(box.out / "figures"))
     assert code == 2
     assert one_line(err) == line.replace("FILE", str(file))
     assert file.read_text() == "mine" and not list(box.out.glob("figures/chapter*"))
