@@ -179,6 +179,44 @@ def test_a_stop_that_another_thread_receives_still_waits_for_the_held_block(sig,
     assert out.stdout.splitlines() == ["the block ran to its end", raised], out.stderr
 
 
+PROBE_INTERRUPTED = """
+import os, signal, sys, tempfile, time
+from {module} import find_tempdir
+{handlers}
+def probe():  # tempfile's search for its directory, with a Ctrl-C between write and remove
+    probe_file = os.path.join(os.environ["TMPDIR"], "abcd1234")
+    open(probe_file, "w").close()
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.3)  # a handler would run here, between two bytecodes
+    os.remove(probe_file)
+    print("the probe ran to its end", flush=True)
+    return os.environ["TMPDIR"]
+tempfile._get_default_tempdir = probe
+try:
+    find_tempdir()
+except BaseException as err:
+    print(type(err).__name__, flush=True)
+"""
+
+
+@pytest.mark.parametrize(("module", "handlers", "raised"), [
+    ("ddplab.run.stopping", "", "KeyboardInterrupt"),  # what run_main turns into one line
+    ("exercises.grader.__main__", "from exercises.grader.__main__ import main, _stop_on_signal\n"
+     "signal.signal(signal.SIGINT, _stop_on_signal)", "Stopped")])
+def test_a_ctrl_c_while_tempfile_finds_its_directory_leaves_no_probe_file(
+        tmp_path, module, handlers, raised):
+    """tempfile finds TMPDIR once, by writing a file with an 8-letter name there and removing
+    it: a grader interrupted in between leaves that file behind.  Both entry points (run_main,
+    the grader) find it first with the stops held."""
+    code = PROBE_INTERRUPTED.format(module=module, handlers=handlers)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": f"{REPO / 'scripts'}:{REPO}",
+                              "TMPDIR": str(tmp_path)},
+                         timeout=60, preexec_fn=_sigint_as_in_a_terminal)
+    assert out.stdout.splitlines() == ["the probe ran to its end", raised], out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_stopping_chapter07_during_its_torchrun_demo_ends_torchrun_and_its_ranks(box, sig):

@@ -11,6 +11,7 @@ import gc
 import os
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,6 +38,17 @@ def _stop_on_signal(signum, _frame) -> None:
     for sig in SIGNAL_LINES:  # a second signal must not cut the clean-up short
         signal.signal(sig, signal.SIG_IGN)
     raise Stopped(signum)
+
+
+def find_tempdir() -> None:
+    """Find (and cache) the temporary directory with the stop signals blocked.  tempfile finds it
+    on first use by writing a probe file there and removing it; a Ctrl-C between the two would
+    leave the probe behind.  No thread but this one runs yet: the mask alone holds them back."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNAL_LINES)
+    try:
+        tempfile.gettempdir()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a signal that came is acted on now
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -105,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     procs.become_subreaper()
     last = ""
     try:
+        find_tempdir()
         args = parse(argv)
         from .core import timeout_override
         timeout_override()

@@ -24,6 +24,7 @@ def run_main(main: Callable[[list[str] | None], Any], argv: list[str] | None = N
     if not started_by_torchrun():  # a rank under torchrun leaves SIGTERM to torchrun
         stopping.stop_on_sigterm()
     try:
+        stopping.find_tempdir()
         main(argv)
     except RankFailed as err:
         if err.details:

@@ -8,6 +8,8 @@ run started, at once, and the files they leave: this module is how.
   ``finally`` blocks (stop the ranks, remove the temporary directory) instead of vanishing.
 * ``stops_held()`` holds the stop signals back while processes start, then acts on them, so
   that no process is started after a stop and left behind.
+* ``find_tempdir()`` finds the temporary directory while stops are held: tempfile's search
+  writes a probe file there and removes it, and a Ctrl-C between the two would leave it behind.
 * ``stop_processes(procs)`` ends processes we started: SIGTERM, a short grace, then SIGKILL —
   a stopped (SIGSTOP) or stuck process ignores SIGTERM until it runs again, SIGKILL it does not.
 * ``run_to_end(argv)`` runs a child script; stopped, it gets SIGTERM and a grace to clean up.
@@ -27,6 +29,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -78,6 +81,14 @@ def stops_held():
             signal.signal(sig, handler)
         for signum in dict.fromkeys(noted):  # once each, with the handlers the run had
             signal.raise_signal(signum)
+
+
+def find_tempdir() -> None:
+    """Find (and cache) the temporary directory now, with the stop signals held.  tempfile
+    finds it on first use by writing a probe file there and removing it; a Ctrl-C between the
+    two would leave the probe behind (a file with an 8-letter name in TMPDIR)."""
+    with stops_held():
+        tempfile.gettempdir()
 
 
 def stop_processes(procs: Iterable, grace: float = STOP_GRACE_S) -> None:
