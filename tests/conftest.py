@@ -38,6 +38,16 @@ def pytest_configure(config) -> None:
     config.stash[_MADE_HERE] = made
 
 
+@pytest.fixture
+def short_tmp_path():
+    """A tmp_path short enough for a fork server's socket under it, as /tmp is for a reader:
+    pytest's own (/tmp/pytest-of-USER/pytest-N/popen-gwK/<test name>) would make a script
+    spawn its ranks where a reader's forks them (ddplab.run.fork_server.socket_fits)."""
+    path = Path(tempfile.mkdtemp(prefix="t-", dir=os.environ[SUITE_TMPDIR]))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def pytest_unconfigure(config) -> None:
     made = config.stash.get(_MADE_HERE, None)
     if made:

@@ -112,8 +112,8 @@ def _sigint_as_in_a_terminal() -> None:
 
 
 @pytest.fixture
-def box(tmp_path):
-    sandbox = Sandbox(tmp_path)
+def box(short_tmp_path):
+    sandbox = Sandbox(short_tmp_path)
     yield sandbox
     sandbox.kill_leftovers()
 
@@ -150,6 +150,28 @@ def test_a_signal_stops_every_rank_at_once_and_has_the_last_word(box, sig, to_gr
     assert proc.returncode == code, err
     assert last_line(err) == message
     box.assert_clean()  # the ranks were stopped before the launching process ended
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_ranks_forked_by_the_fork_server_die_with_a_sigkilled_script(box):
+    """A script's CPU ranks are forked by multiprocessing's fork server, which outlives the
+    script as long as a rank holds its pipe: each rank watches the script instead."""
+    proc = box.start(ENTRY, "spin", "--out", str(box.out))
+    wait_for(lambda: (box.out / "rank1.pid").exists(), proc)
+    ranks = [int((box.out / f"rank{r}.pid").read_text()) for r in (0, 1)]
+    assert {parent_of(pid) for pid in ranks} - {proc.pid}, "the ranks were not forked"
+    proc.kill()
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 10
+    while box.processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = box.processes()
+    box.kill_leftovers()
+    proc.communicate(timeout=60)  # the ranks held its pipes
+    assert left == [], "the ranks, the fork server or the resource tracker outlived the script"
 
 
 HELD_BLOCK = """

@@ -25,6 +25,7 @@ from test_faults import (  # noqa: F401  (box, saved, dcp_saved: fixtures)
     CH01,
     CH07,
     ENTRY,
+    Sandbox,
     box,
     dcp_saved,
     last_line,
@@ -235,18 +236,37 @@ def _sigint_held_off(pid: int) -> bool:
     return bool((int(status["SigBlk"], 16) | int(status["SigIgn"], 16)) & bit)
 
 
-def test_ctrl_c_while_the_ranks_import_torch_prints_no_rank_traceback(box):
-    proc = box.start(ENTRY, "spin", "--out", str(box.out))
-    # The resource tracker and both ranks: the ranks have just started importing torch.
-    wait_for(lambda: len(_children(proc.pid)) >= 3, proc)
-    assert all(_sigint_held_off(child) for child in _children(proc.pid))
-    os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    assert last_line(err) == INTERRUPTED
-    assert not (box.out / "rank0.pid").exists(), "the ranks were already up: too late to tell"
-    box.assert_clean()
+def _is_fork_server(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    return False
+
+
+# Who imports torch after the script started its ranks: the fork server (CPU ranks on Linux),
+# or each rank (spawned: what a TMPDIR too long for the server's socket gets, and a GPU).
+IMPORTERS_UP = {"fork server": lambda children: any(map(_is_fork_server, children)),
+                "spawned ranks": lambda children: len(children) >= 3}  # and the tracker
+
+
+@pytest.mark.parametrize("importer", IMPORTERS_UP)
+def test_ctrl_c_while_torch_is_imported_for_the_ranks_prints_no_traceback(short_tmp_path,
+                                                                          importer):
+    root = short_tmp_path / ("a-long-tmpdir-" * 6 if importer == "spawned ranks" else "box")
+    root.mkdir()
+    box = Sandbox(root)
+    try:
+        proc = box.start(ENTRY, "spin", "--out", str(box.out))
+        wait_for(lambda: IMPORTERS_UP[importer](_children(proc.pid)), proc)
+        assert all(_sigint_held_off(child) for child in _children(proc.pid))
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+        assert last_line(err) == INTERRUPTED
+        assert not (box.out / "rank0.pid").exists(), "the ranks were already up: too late to tell"
+        box.assert_clean()
+    finally:
+        box.kill_leftovers()
 
 
 # --- a full disk ------------------------------------------------------------------------------

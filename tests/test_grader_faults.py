@@ -31,8 +31,8 @@ INTERRUPTED = {signal.SIGINT: (130, "error: interrupted (Ctrl-C); every rank was
 
 
 @pytest.fixture
-def box(tmp_path):
-    sandbox = Sandbox(tmp_path)
+def box(short_tmp_path):
+    sandbox = Sandbox(short_tmp_path)
     sandbox.env.pop("GRADER_TIMEOUT_S", None)
     yield sandbox
     sandbox.kill_leftovers()

@@ -21,8 +21,6 @@ import multiprocessing as mp
 import os
 import queue
 import re
-import sys
-import tempfile
 import time
 import traceback
 import warnings
@@ -244,7 +242,8 @@ def _rank_main(rank, world, port, prefix, path, chapter, ids, to_parent, go, wai
 def _context(chapter: int):
     """Ranks fork from a server that has imported torch and the chapter's checks once, where
     that server can start: a rank then starts in a fraction of a second, not seconds."""
-    ctx = mp.get_context("forkserver" if _forkserver_fits() else "spawn")
+    from ddplab.run.fork_server import socket_fits  # with a long TMPDIR, ranks are spawned
+    ctx = mp.get_context("forkserver" if socket_fits() else "spawn")
     if ctx.get_start_method() == "forkserver":
         ctx.set_forkserver_preload(fork_server_preload(chapter))
     return ctx
@@ -256,18 +255,6 @@ def fork_server_preload(chapter: int) -> list[str]:
     grader's checks of the chapter (chapter 11's pull in FSDP and DTensor).  Never the learner's
     file: that is imported in the ranks, which the grader controls."""
     return ["torch", "torch.distributed", "torch._dynamo", f"exercises.grader.ch{chapter:02d}"]
-
-
-# The fork server listens on a Unix socket at $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX, and a
-# socket's path holds at most 103 bytes on macOS (107 on Linux).  With a longer TMPDIR the
-# ranks are spawned instead: each imports torch itself, slower, with the same verdicts.
-_SOCKET_PATH_MAX = 103
-_SOCKET_NAME_LEN = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
-
-
-def _forkserver_fits() -> bool:
-    return sys.platform != "win32" and \
-        len(os.fsencode(tempfile.gettempdir())) + _SOCKET_NAME_LEN <= _SOCKET_PATH_MAX
 
 
 def _worst(reports: dict[int, tuple], world: int) -> tuple[str, str, dict]:

@@ -1,6 +1,7 @@
 """ddplab.run: how a chapter runs.  It names no chapter and imports no concept of ddplab.
 
     launch.py     run a function on N ranks (mp.spawn or torchrun), clean failures
+    fork_server.py  where a script's ranks come from: spawned, or forked from a server (CPU, Linux)
     first_failure.py  which rank failed first: its claim in the store, follow-on errors
     entry.py      a chapter's main: every failure as one clear last line and an exit code
     chapter_main.py  run_chapter: --replot, or launch, finish, write the folder, print

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import stopping
+from . import fork_server, stopping
 from .cli import UsageError, show_warnings_as_one_line
 from .launch import RankFailed, started_by_torchrun
 from .stopping import exit_without_teardown
@@ -25,7 +25,8 @@ def run_main(main: Callable[[list[str] | None], Any], argv: list[str] | None = N
         stopping.stop_on_sigterm()
     try:
         stopping.find_tempdir()
-        main(argv)
+        with fork_server.forked_ranks():
+            main(argv)
     except RankFailed as err:
         if err.details:
             sys.stderr.write(f"\n--- traceback from rank {err.rank} ---\n{err.details}\n")

@@ -2,7 +2,8 @@
 
 ``launch(worker, args)`` runs ``worker(ctx, args)`` on every rank and returns rank 0's result:
 
-* ``python chapterNN_x.py`` — the script starts the ranks itself (``torch.multiprocessing.spawn``);
+* ``python chapterNN_x.py`` — the script starts the ranks itself (``torch.multiprocessing``:
+  spawned, or forked from a fork server, see ``fork_server``);
 * ``torchrun --nproc-per-node N chapterNN_x.py`` — torchrun started the ranks and told each one
   who it is through the environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
 
@@ -35,7 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from . import stopping
+from . import fork_server, stopping
 from .cli import RANK_VARIABLES, UsageError, check_launcher_environment
 from .devices import Placement, default_world_size, place, usable_cores
 from .first_failure import Claim, a_cause_behind, claim_failure, is_follow_on, one_line
@@ -82,17 +83,17 @@ def check_rank(flag: str, rank: int | None, args) -> None:
         raise UsageError(f"{flag} {rank}: this run has ranks 0..{world - 1}")
 
 
-def launch(worker: Worker, args, *, start_method: str = "spawn") -> Run | None:
+def launch(worker: Worker, args, *, start_method: str | None = None) -> Run | None:
     """Run ``worker(ctx, args)`` on every rank; rank 0's result comes back as ``Run.result``.
 
     Under torchrun every rank runs this function itself: rank 0 gets the ``Run``, the other
     ranks get None (they have nothing left to do).
 
-    ``start_method`` is how this process starts its ranks.  The chapters keep ``"spawn"``: a
-    fresh interpreter per rank, the same on every OS.  ``"forkserver"`` forks each rank from
-    multiprocessing's fork server, which skips the rank's own import of torch if the server
-    preloaded it (``multiprocessing.set_forkserver_preload``); the tests that only compare
-    numbers use it.  A forked rank dies with the fork server, not with this process.
+    ``start_method`` is how this process starts its ranks: ``"spawn"``, a fresh interpreter
+    per rank, or ``"forkserver"``, a fork of multiprocessing's fork server, which skips the
+    rank's own import of torch when the server preloaded it.  By default a chapter script forks
+    its CPU ranks on Linux and spawns the others (``fork_server``); elsewhere the default is
+    spawn, and the tests that run ranks in their own process name the server they preloaded.
     """
     if getattr(args, "replot", False):  # a chapter without --replot must not run a whole run
         raise UsageError("this chapter cannot --replot yet: run it without --replot")
@@ -101,7 +102,8 @@ def launch(worker: Worker, args, *, start_method: str = "spawn") -> Run | None:
         return _launched_by_torchrun(worker, args)
     world_size = args.world_size or default_world_size()
     placement = place(_device_flag(args), args.backend, world_size)
-    return _spawn(worker, args, world_size, placement, start_method)
+    return _spawn(worker, args, world_size, placement,
+                  start_method or fork_server.start_method(placement.device_type))
 
 
 def _device_flag(args) -> str:
@@ -116,6 +118,7 @@ class _SpawnPlan:
     placement: Placement
     store_port: int
     scratch: Path  # where ranks leave their result and error reports
+    launcher_pid: int  # a forked rank's parent is the fork server: it watches this process
 
 
 def _spawn(worker: Worker, args, world_size: int, placement: Placement,
@@ -126,7 +129,7 @@ def _spawn(worker: Worker, args, world_size: int, placement: Placement,
                           timeout=timedelta(seconds=args.timeout))
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # we report instead
     with tempfile.TemporaryDirectory(prefix="ddplab-") as scratch:
-        plan = _SpawnPlan(world_size, placement, store.port, Path(scratch))
+        plan = _SpawnPlan(world_size, placement, store.port, Path(scratch), os.getpid())
         _start_helpers(start_method)
         ranks = None
         try:
@@ -167,7 +170,9 @@ def _start_helpers(start_method: str) -> None:
     from multiprocessing import forkserver, resource_tracker
 
     resource_tracker.ensure_running()
-    if start_method == "forkserver":
+    if start_method == "forkserver" and fork_server.start_method("cpu") == "forkserver":
+        fork_server.ensure_running()  # ours: fresh for this process's environment
+    elif start_method == "forkserver":
         forkserver.ensure_running()
 
 
@@ -181,6 +186,8 @@ def _spawned_rank(rank: int, worker: Worker, args, plan: _SpawnPlan) -> None:
     stopping.stop_on_sigterm()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping.STOP_SIGNALS)  # held by _spawn
     _end_with_parent()
+    if os.getppid() != plan.launcher_pid:  # forked by the fork server
+        fork_server.end_with(plan.launcher_pid)
     # The same variables torchrun would set, so code written for torchrun works unchanged.
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(plan.world_size),
                       LOCAL_WORLD_SIZE=str(plan.world_size), MASTER_ADDR="127.0.0.1",
