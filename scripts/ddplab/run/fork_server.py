@@ -42,8 +42,8 @@ _ours: dict = {"on": False, "environment": None}  # environment: what our runnin
 @contextlib.contextmanager
 def forked_ranks() -> Iterator[None]:
     """Within the block, CPU ranks on Linux are forked from a fork server this module owns."""
-    if not sys.platform.startswith("linux") or _running():  # a server of someone else's
-        yield
+    if not sys.platform.startswith("linux") or not _pidfd_works() or _running():
+        yield  # spawned ranks; _running(): a server of someone else's, preloaded for its needs
         return
     _ours["on"] = True
     try:
@@ -104,12 +104,24 @@ def end_with(launcher_pid: int) -> None:
     threading.Thread(target=watch, name="ddplab-ends-with-its-launcher", daemon=True).start()
 
 
+def _pidfd_works() -> bool:
+    """Whether a rank can watch its script (``end_with``): Linux 5.3 or later."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
 def _running() -> bool:
     return forkserver._forkserver._forkserver_pid is not None
 
 
 def _stop() -> None:
-    """Stop our server (it exits once its pipe to this process closes), if there is one."""
+    """Stop our server, if there is one, and whatever it forked that is still running: a rank
+    holds the server's pipe too, and the server would wait for it (its ranks die with it)."""
     if _ours["environment"] is not None and _running():
-        forkserver._forkserver._stop()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(forkserver._forkserver._forkserver_pid, signal.SIGTERM)
+        forkserver._forkserver._stop()  # reaps it, removes its socket
     _ours["environment"] = None
