@@ -74,8 +74,7 @@ def busbw_gbps(size: int, seconds: float, world: int) -> float:
 
 def time_allreduce(size: int, rounds: int, group=None) -> float:
     x = torch.ones(size // 4)
-    samples = timing.time_steps(lambda: dist.all_reduce(x, group=group), steps=rounds,
-                                warmup=1)
+    samples = timing.time_steps(lambda: dist.all_reduce(x, group=group), steps=rounds, warmup=1)
     return timing.slowest_rank(timing.median(samples)) * 1e-3  # seconds
 
 
@@ -257,10 +256,10 @@ def failover(args, scratch: Path, reference: Path, power_cut: bool) -> dict:
 
 
 def one_node(args, phase: str) -> ddplab.Run:
-    """One node x 2 ranks over loopback: mp.spawn, no root needed."""
+    """One node x 2 ranks over loopback, spawned: a fork server's folder outlives a SIGKILL."""
     args.nodes, args.phases, args.phase_dir, args.node_result = 1, phase, None, None
     args.world_size = 2
-    return ddplab.launch(worker, args)
+    return ddplab.launch(worker, args, start_method="spawn")
 
 
 # --- the model: calibrated, checked against the link, projected -------------------------------
@@ -415,9 +414,10 @@ def measure(args) -> ddplab.Run | None:
         if removed:
             print(f"note: {netns.leftovers_line(removed)}")
         with tempfile.TemporaryDirectory(prefix=netns.scratch_dir_prefix("ch10")) as scratch:
+            if losing := args.failover or (args.failover is None and not args.quick):
+                reference = reference_run(args, Path(scratch))  # first: it needs no node
             two = run_two_nodes(args, list(RATES), Path(scratch))
-            if args.failover or (args.failover is None and not args.quick):
-                reference = reference_run(args, Path(scratch))
+            if losing:
                 two["failover"] = failover(args, Path(scratch), reference, power_cut=False)
                 two["power_cut"] = failover(args, Path(scratch), reference, power_cut=True)
     return ddplab.Run({"calibration": cal, "one_node": one.result, "two_node": two,

@@ -201,8 +201,6 @@ def test_sigterm_during_the_failover_reference_run_is_reported_and_leaves_nothin
         wait_until(lambda: reference_ranks_up() or proc.poll() is not None, timeout=300,
                    what="the failover's reference run")
         assert proc.poll() is None, proc.stderr.read()[-2000:]
-        # the two-node run before it finished: torchrun's files went with its scratch dir
-        assert not list(Path("/tmp").glob(f"torchelastic_*/ddpl-{proc.pid}_*"))
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=90)
     finally:
