@@ -2,8 +2,8 @@
 
 A spawned rank is a fresh Python that imports torch, the script and, once it builds a model and
 an optimizer, torch._dynamo: a few CPU-seconds before its first line of work, paid again by
-every rank of every launch.  A chapter launches many times (chapter 07: six launches), so on
-Linux the ranks that compute on the CPU are forked instead from multiprocessing's *fork server*:
+every rank of every launch.  A script may launch many times, so on Linux the ranks that
+compute on the CPU are forked instead from multiprocessing's *fork server*:
 one process that imported all of that once, at the first launch (``start_method="forkserver"``,
 the default start method of Python 3.14 on Linux).
 
