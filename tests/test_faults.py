@@ -156,6 +156,15 @@ def parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, IndexError):
+            if parent_of(int(entry)) == pid:
+                found.append(int(entry))
+    return found
+
+
 def test_ranks_forked_by_the_fork_server_die_with_a_sigkilled_script(box):
     """A script's CPU ranks are forked by multiprocessing's fork server, which outlives the
     script as long as a rank holds its pipe: each rank watches the script instead."""

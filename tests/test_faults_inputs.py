@@ -27,6 +27,7 @@ from test_faults import (  # noqa: F401  (box, saved, dcp_saved: fixtures)
     ENTRY,
     Sandbox,
     box,
+    children_of,
     dcp_saved,
     last_line,
     saved,
@@ -218,15 +219,6 @@ def test_stopping_chapter08_leaves_no_scratch_directory(box, sig, code, line):
     box.assert_clean()  # buglab-* went with the run
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError, IndexError):
-            if Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(pid):
-                found.append(int(entry))
-    return found
-
-
 def _sigint_held_off(pid: int) -> bool:
     """SIGINT is blocked or ignored in ``pid``: a Ctrl-C cannot interrupt it (whether the
     traceback then shows depends on a race with the launcher's SIGTERM)."""
@@ -256,8 +248,8 @@ def test_ctrl_c_while_torch_is_imported_for_the_ranks_prints_no_traceback(short_
     box = Sandbox(root)
     try:
         proc = box.start(ENTRY, "spin", "--out", str(box.out))
-        wait_for(lambda: IMPORTERS_UP[importer](_children(proc.pid)), proc)
-        assert all(_sigint_held_off(child) for child in _children(proc.pid))
+        wait_for(lambda: IMPORTERS_UP[importer](children_of(proc.pid)), proc)
+        assert all(_sigint_held_off(child) for child in children_of(proc.pid))
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err

@@ -65,12 +65,17 @@ def socket_fits() -> bool:
 
 
 def ensure_running() -> None:
-    """Have a server whose environment and working directory are this process's own now.
+    """Have a fork server running.  Ours (inside ``forked_ranks``) has this process's
+    environment and working directory as they are now; a server someone else started (a test
+    that preloaded its own) is left as it is.
 
-    It starts with Ctrl-C blocked: it would otherwise die of it with a traceback while it
+    Ours starts with Ctrl-C blocked: it would otherwise die of it with a traceback while it
     imports torch; it ignores Ctrl-C once ready (the pending one is then dropped), as a spawned
     rank does once started.  SIGTERM is left alone: it ends the server quietly.
     """
+    if not _ours["on"]:
+        forkserver.ensure_running()
+        return
     wanted = (os.getcwd(), dict(os.environ))
     if _ours["environment"] == wanted and _running():
         return

@@ -167,13 +167,11 @@ def _start_helpers(start_method: str) -> None:
     """Start multiprocessing's helper processes before the ranks, with the stop signals not
     held: starting the resource tracker unblocks them, and a fork server started while they
     are held would keep them blocked for good."""
-    from multiprocessing import forkserver, resource_tracker
+    from multiprocessing import resource_tracker
 
     resource_tracker.ensure_running()
-    if start_method == "forkserver" and fork_server.start_method("cpu") == "forkserver":
-        fork_server.ensure_running()  # ours: fresh for this process's environment
-    elif start_method == "forkserver":
-        forkserver.ensure_running()
+    if start_method == "forkserver":
+        fork_server.ensure_running()
 
 
 def _spawned_rank(rank: int, worker: Worker, args, plan: _SpawnPlan) -> None:
